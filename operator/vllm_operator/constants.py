@@ -1,0 +1,44 @@
+"""Names shared by every part of the operator: the API group, field manager, labels.
+
+They live in one module so a label key or annotation prefix is spelled exactly once.
+"""
+
+from typing import Final
+
+GROUP: Final = "inference.vllm-operator.dev"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+
+KIND_INFERENCE_SERVICE: Final = "InferenceService"
+KIND_INFERENCE_BENCHMARK: Final = "InferenceBenchmark"
+KIND_GPU_NODE: Final = "GPUNode"
+PLURAL_INFERENCE_SERVICE: Final = "inferenceservices"
+PLURAL_INFERENCE_BENCHMARK: Final = "inferencebenchmarks"
+PLURAL_GPU_NODE: Final = "gpunodes"
+
+# Server-side apply: one field manager for everything the operator writes.
+FIELD_MANAGER: Final = "vllm-operator"
+
+# Our own prefix for annotations, labels and Kopf's bookkeeping.
+PREFIX: Final = GROUP
+
+# Pod readiness gate that the operator sets once warmup of the pod succeeded.
+WARMED_UP_CONDITION: Final = f"{GROUP}/warmed-up"
+
+# Labels on objects the operator creates.
+LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+LABEL_NAME: Final = "app.kubernetes.io/name"
+LABEL_INSTANCE: Final = "app.kubernetes.io/instance"
+LABEL_COMPONENT: Final = "app.kubernetes.io/component"
+LABEL_SERVICE: Final = f"{GROUP}/inference-service"
+LABEL_BENCHMARK: Final = f"{GROUP}/inference-benchmark"
+
+# Node labels. Product, memory and count follow NVIDIA GPU Feature Discovery, so nodes that
+# already run GFD need nothing extra; interconnect is ours (the node agent sets it).
+NODE_LABEL_GPU_PRODUCT: Final = "nvidia.com/gpu.product"
+NODE_LABEL_GPU_MEMORY_MIB: Final = "nvidia.com/gpu.memory"
+NODE_LABEL_GPU_COUNT: Final = "nvidia.com/gpu.count"
+NODE_LABEL_GPU_INTERCONNECT: Final = f"{GROUP}/gpu-interconnect"
+
+# Extended resource a GPU pod requests.
+GPU_RESOURCE: Final = "nvidia.com/gpu"
