@@ -1,0 +1,96 @@
+"""Building blocks shared by every API type: the model base class and common fields.
+
+Every API type is a pydantic model with camelCase aliases, so the same class validates a
+manifest read from Kubernetes and produces the OpenAPI schema the CRDs are generated from.
+Unknown fields are rejected here (the apiserver prunes them; the CLI and tests must not
+silently drop a typo).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic.alias_generators import to_camel
+
+# A Kubernetes quantity ("64Gi", "500m", "1.5G"). Kept as the string the user wrote; the
+# schema marks it int-or-string as Kubernetes' own types do.
+QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+Quantity = Annotated[
+    str,
+    Field(pattern=QUANTITY_PATTERN),
+    WithJsonSchema(
+        {
+            "x-kubernetes-int-or-string": True,
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "pattern": QUANTITY_PATTERN,
+        }
+    ),
+]
+
+# A DNS-1123 label / subdomain, as Kubernetes validates object names.
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+ObjectName = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)]
+
+
+class ApiModel(BaseModel):
+    """Base of every API type: camelCase on the wire, unknown fields rejected."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        validate_default=True,
+    )
+
+    def to_wire(self) -> dict[str, Any]:
+        """The manifest form: camelCase keys, unset optional fields left out."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+
+class Condition(ApiModel):
+    """One observation of the object's state, in the shape of metav1.Condition."""
+
+    type: str = Field(description="Type of condition in CamelCase, such as Ready.")
+    status: ConditionStatus = Field(description="Status of the condition: True, False or Unknown.")
+    reason: str = Field(
+        description="A one-word CamelCase reason for the condition's last transition."
+    )
+    message: str = Field(
+        default="", description="A human-readable message with details of the transition."
+    )
+    last_transition_time: datetime = Field(
+        description="When the condition last changed from one status to another."
+    )
+    observed_generation: int | None = Field(
+        default=None,
+        ge=0,
+        description="The .metadata.generation that the condition was set upon.",
+    )
+
+
+class LocalObjectReference(ApiModel):
+    """A reference to an object in the same namespace."""
+
+    name: ObjectName = Field(description="Name of the referenced object.")
+
+
+class SecretKeyReference(ApiModel):
+    """A key of a Secret in the same namespace."""
+
+    name: ObjectName = Field(description="Name of the Secret.")
+    key: str = Field(
+        default="token", min_length=1, description="Key within the Secret. Defaults to token."
+    )
+
+
+class ConfigMapKeyReference(ApiModel):
+    """A key of a ConfigMap in the same namespace."""
+
+    name: ObjectName = Field(description="Name of the ConfigMap.")
+    key: str = Field(min_length=1, description="Key within the ConfigMap.")

@@ -1,0 +1,389 @@
+"""InferenceBenchmark: realistic load against an InferenceService, and what it measured.
+
+While a benchmark runs, its target cannot scale down: the operator clamps replicas, tells
+the autoscaler not to scale down, and an admission policy refuses decreases.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal, Self
+
+from pydantic import Field, model_validator
+
+from vllm_operator.models.base import (
+    ApiModel,
+    Condition,
+    ConfigMapKeyReference,
+    LocalObjectReference,
+)
+from vllm_operator.models.inference_service import ObjectMeta
+from vllm_operator.models.workload import SLO, LengthDistribution
+
+ArrivalProcess = Literal["Constant", "Poisson", "Gamma", "Pulse", "ClosedLoop", "Trace"]
+
+
+class PulseSpec(ApiModel):
+    """Bursts on top of Poisson arrivals: a share of each period's requests in its start."""
+
+    fraction: float = Field(
+        gt=0, lt=1, description="Share of each period's requests sent in the burst window."
+    )
+    window_seconds: float = Field(gt=0, le=3600, description="Length of the burst window.")
+    period_seconds: float = Field(gt=0, le=86400, description="Length of one period.")
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.windowSeconds < self.periodSeconds",
+                    "message": "windowSeconds must be shorter than periodSeconds",
+                    "fieldPath": ".windowSeconds",
+                }
+            ]
+        }
+    }
+
+    @model_validator(mode="after")
+    def _window(self) -> Self:
+        if self.window_seconds >= self.period_seconds:
+            raise ValueError("windowSeconds must be shorter than periodSeconds")
+        return self
+
+
+class ArrivalSpec(ApiModel):
+    """When requests are sent."""
+
+    process: ArrivalProcess = Field(
+        default="Poisson",
+        description="Constant, Poisson, Gamma (burstiness), Pulse (bursts on Poisson), "
+        "ClosedLoop (fixed concurrency) or Trace (timestamps from a ConfigMap).",
+    )
+    rate_per_second: float | None = Field(
+        default=None, gt=0, le=100_000, description="Mean request rate (open-loop processes)."
+    )
+    burstiness: float | None = Field(
+        default=None, gt=0, le=100, description="Gamma shape: 1 is Poisson, below 1 burstier."
+    )
+    pulse: PulseSpec | None = Field(default=None, description="Bursts, for Pulse.")
+    concurrency: int | None = Field(
+        default=None, ge=1, le=100_000, description="Requests in flight, for ClosedLoop."
+    )
+    trace: ConfigMapKeyReference | None = Field(
+        default=None, description="JSONL trace of send offsets and lengths, for Trace."
+    )
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!(self.process in ['Constant', 'Poisson', 'Gamma', 'Pulse']) "
+                    "|| has(self.ratePerSecond)",
+                    "message": "open-loop arrival processes need ratePerSecond",
+                    "fieldPath": ".ratePerSecond",
+                    "reason": "FieldValueRequired",
+                },
+                {
+                    "rule": "self.process != 'Gamma' || has(self.burstiness)",
+                    "message": "process Gamma needs burstiness",
+                    "fieldPath": ".burstiness",
+                    "reason": "FieldValueRequired",
+                },
+                {
+                    "rule": "self.process != 'Pulse' || has(self.pulse)",
+                    "message": "process Pulse needs pulse",
+                    "fieldPath": ".pulse",
+                    "reason": "FieldValueRequired",
+                },
+                {
+                    "rule": "self.process != 'ClosedLoop' || has(self.concurrency)",
+                    "message": "process ClosedLoop needs concurrency",
+                    "fieldPath": ".concurrency",
+                    "reason": "FieldValueRequired",
+                },
+                {
+                    "rule": "self.process != 'Trace' || has(self.trace)",
+                    "message": "process Trace needs trace",
+                    "fieldPath": ".trace",
+                    "reason": "FieldValueRequired",
+                },
+            ]
+        }
+    }
+
+    @model_validator(mode="after")
+    def _complete(self) -> Self:
+        p = self.process
+        if p in ("Constant", "Poisson", "Gamma", "Pulse") and self.rate_per_second is None:
+            raise ValueError("open-loop arrival processes need ratePerSecond")
+        for proc, field, wire in (
+            ("Gamma", "burstiness", "burstiness"),
+            ("Pulse", "pulse", "pulse"),
+            ("ClosedLoop", "concurrency", "concurrency"),
+            ("Trace", "trace", "trace"),
+        ):
+            if p == proc and getattr(self, field) is None:
+                raise ValueError(f"process {proc} needs {wire}")
+        return self
+
+
+class BenchmarkWorkload(ApiModel):
+    """What to send: length distributions, or a dataset of prompts."""
+
+    prompt_tokens: LengthDistribution | None = Field(
+        default=None, description="Prompt lengths, in tokens."
+    )
+    output_tokens: LengthDistribution | None = Field(
+        default=None, description="Output lengths, in tokens."
+    )
+    dataset: ConfigMapKeyReference | None = Field(
+        default=None, description="JSONL prompts (and optional output lengths) from a ConfigMap."
+    )
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                {
+                    "rule": "has(self.dataset) != (has(self.promptTokens) && "
+                    "has(self.outputTokens))",
+                    "message": "set either dataset, or both promptTokens and outputTokens",
+                }
+            ]
+        }
+    }
+
+    @model_validator(mode="after")
+    def _one(self) -> Self:
+        dists = self.prompt_tokens is not None and self.output_tokens is not None
+        if (self.dataset is not None) == dists:
+            raise ValueError("set either dataset, or both promptTokens and outputTokens")
+        return self
+
+
+BenchmarkMode = Literal["Single", "Sweep", "Search"]
+
+
+class SweepSpec(ApiModel):
+    """Load levels to run one after another."""
+
+    rates_per_second: list[float] = Field(
+        default_factory=list, max_length=64, description="Request rates (open loop)."
+    )
+    concurrencies: list[int] = Field(
+        default_factory=list, max_length=64, description="Concurrency levels (closed loop)."
+    )
+
+
+class SearchSpec(ApiModel):
+    """Find the highest rate that meets the SLO."""
+
+    min_rate_per_second: float = Field(gt=0, le=100_000, description="Lowest rate to try.")
+    max_rate_per_second: float = Field(gt=0, le=100_000, description="Highest rate to try.")
+    target_attainment: float = Field(
+        default=0.99, gt=0, le=1, description="Share of requests that must meet the SLO."
+    )
+    max_probes: int = Field(default=8, ge=2, le=64, description="Most load levels to try.")
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.minRatePerSecond < self.maxRatePerSecond",
+                    "message": "minRatePerSecond must be below maxRatePerSecond",
+                    "fieldPath": ".minRatePerSecond",
+                }
+            ]
+        }
+    }
+
+    @model_validator(mode="after")
+    def _range(self) -> Self:
+        if self.min_rate_per_second >= self.max_rate_per_second:
+            raise ValueError("minRatePerSecond must be below maxRatePerSecond")
+        return self
+
+
+class EndpointSpec(ApiModel):
+    """How to call the server."""
+
+    api: Literal["Completions", "ChatCompletions"] = Field(
+        default="ChatCompletions", description="Which OpenAI API to call."
+    )
+    stream: bool = Field(default=True, description="Stream responses (needed for TTFT, ITL).")
+
+
+class InferenceBenchmarkSpec(ApiModel):
+    """Desired benchmark run."""
+
+    target_ref: LocalObjectReference = Field(
+        description="The InferenceService to benchmark (same namespace)."
+    )
+    workload: BenchmarkWorkload = Field(description="What to send.")
+    arrival: ArrivalSpec = Field(default_factory=ArrivalSpec, description="When to send.")
+    duration_seconds: int | None = Field(
+        default=None, ge=1, le=86400, description="How long each load level runs."
+    )
+    requests: int | None = Field(
+        default=None, ge=1, le=10_000_000, description="How many requests each load level sends."
+    )
+    slo: SLO = Field(default_factory=SLO, description="Deadlines; a miss is a failure.")
+    mode: BenchmarkMode = Field(default="Single", description="Single, Sweep or Search.")
+    sweep: SweepSpec | None = Field(default=None, description="Load levels, for Sweep.")
+    search: SearchSpec | None = Field(default=None, description="Search bounds, for Search.")
+    endpoint: EndpointSpec = Field(default_factory=EndpointSpec, description="API and streaming.")
+    seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed for reproducible runs.")
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                {
+                    "rule": "has(self.durationSeconds) || has(self.requests)",
+                    "message": "set durationSeconds or requests (or both)",
+                    "fieldPath": ".durationSeconds",
+                    "reason": "FieldValueRequired",
+                },
+                {
+                    "rule": "self.mode != 'Sweep' || (has(self.sweep) && "
+                    "(size(self.sweep.ratesPerSecond) > 0 || "
+                    "size(self.sweep.concurrencies) > 0))",
+                    "message": "mode Sweep needs sweep.ratesPerSecond or sweep.concurrencies",
+                    "fieldPath": ".sweep",
+                    "reason": "FieldValueRequired",
+                },
+                {
+                    "rule": "self.mode != 'Search' || has(self.search)",
+                    "message": "mode Search needs search",
+                    "fieldPath": ".search",
+                    "reason": "FieldValueRequired",
+                },
+                {
+                    "rule": "self.mode != 'Search' || has(self.slo.ttftP99Milliseconds) || "
+                    "has(self.slo.tpotP99Milliseconds) || has(self.slo.e2eP99Milliseconds)",
+                    "message": "mode Search needs at least one SLO target",
+                    "fieldPath": ".slo",
+                    "reason": "FieldValueRequired",
+                },
+                {
+                    "rule": "self == oldSelf",
+                    "message": "spec is immutable; create a new InferenceBenchmark",
+                },
+            ]
+        }
+    }
+
+    @model_validator(mode="after")
+    def _complete(self) -> Self:
+        if self.duration_seconds is None and self.requests is None:
+            raise ValueError("set durationSeconds or requests (or both)")
+        if self.mode == "Sweep" and (
+            self.sweep is None or not (self.sweep.rates_per_second or self.sweep.concurrencies)
+        ):
+            raise ValueError("mode Sweep needs sweep.ratesPerSecond or sweep.concurrencies")
+        if self.mode == "Search":
+            if self.search is None:
+                raise ValueError("mode Search needs search")
+            slo = self.slo
+            if not (
+                slo.ttft_p99_milliseconds or slo.tpot_p99_milliseconds or slo.e2e_p99_milliseconds
+            ):
+                raise ValueError("mode Search needs at least one SLO target")
+        return self
+
+
+# --- status ------------------------------------------------------------------------------
+
+BenchmarkPhase = Literal["Pending", "Running", "Succeeded", "Failed"]
+
+
+class Percentiles(ApiModel):
+    """Latency percentiles in milliseconds."""
+
+    p50: float | None = Field(default=None, description="Median.")
+    p90: float | None = Field(default=None, description="90th percentile.")
+    p95: float | None = Field(default=None, description="95th percentile.")
+    p99: float | None = Field(default=None, description="99th percentile.")
+    p999: float | None = Field(default=None, description="99.9th percentile.")
+    max: float | None = Field(default=None, description="Maximum.")
+
+
+class LatencySet(ApiModel):
+    """TTFT, TPOT, ITL and end-to-end latency."""
+
+    ttft: Percentiles | None = Field(default=None, description="Time to first token.")
+    tpot: Percentiles | None = Field(default=None, description="Time per output token.")
+    itl: Percentiles | None = Field(default=None, description="Inter-token latency.")
+    e2e: Percentiles | None = Field(default=None, description="End-to-end latency.")
+
+
+class BucketResult(ApiModel):
+    """Results for one prompt-length bucket."""
+
+    min_prompt_tokens: int = Field(description="Bucket lower bound.")
+    max_prompt_tokens: int = Field(description="Bucket upper bound.")
+    requests: int = Field(description="Requests in the bucket.")
+    ttft_p99_milliseconds: float | None = Field(default=None, description="TTFT P99.")
+    e2e_p99_milliseconds: float | None = Field(default=None, description="E2E P99.")
+
+
+class LevelResult(ApiModel):
+    """Results at one load level."""
+
+    rate_per_second: float | None = Field(default=None, description="Offered rate.")
+    concurrency: int | None = Field(default=None, description="Offered concurrency.")
+    requests: int = Field(default=0, description="Requests scheduled.")
+    succeeded: int = Field(default=0, description="Requests that met every deadline.")
+    failed: int = Field(default=0, description="Requests that errored or missed a deadline.")
+    errors_by_kind: dict[str, int] = Field(default_factory=dict, description="Errors by kind.")
+    requests_per_second: float | None = Field(default=None, description="Achieved rate.")
+    output_tokens_per_second: float | None = Field(default=None, description="Output rate.")
+    goodput_per_second: float | None = Field(default=None, description="Rate meeting the SLO.")
+    slo_attainment: float | None = Field(default=None, description="Share meeting the SLO.")
+    from_send: LatencySet | None = Field(
+        default=None, description="Latency measured from the actual send time."
+    )
+    from_scheduled: LatencySet | None = Field(
+        default=None, description="Latency measured from the scheduled send time."
+    )
+    schedule_lag_p99_milliseconds: float | None = Field(
+        default=None, description="Client's own lag behind the schedule, P99."
+    )
+    client_saturated: bool | None = Field(
+        default=None, description="True when the client, not the server, limited the load."
+    )
+    buckets: list[BucketResult] = Field(
+        default_factory=list, description="Breakdown by prompt-length bucket."
+    )
+
+
+class InferenceBenchmarkStatus(ApiModel):
+    """What the benchmark measured."""
+
+    observed_generation: int | None = Field(default=None, description="Generation observed.")
+    phase: BenchmarkPhase | None = Field(default=None, description="Lifecycle phase.")
+    conditions: list[Condition] = Field(
+        default_factory=list, description="Ready, Running, Failed."
+    )
+    start_time: datetime | None = Field(default=None, description="When load started.")
+    completion_time: datetime | None = Field(default=None, description="When it ended.")
+    levels: list[LevelResult] = Field(default_factory=list, description="Per load level.")
+    headline: LevelResult | None = Field(
+        default=None, description="The highest level that met the SLO (or the only level)."
+    )
+    knee_rate_per_second: float | None = Field(
+        default=None, description="Load at which P99 latency starts to climb 3x faster."
+    )
+    results_config_map: str | None = Field(
+        default=None, description="ConfigMap holding the full per-request data."
+    )
+
+
+class InferenceBenchmark(ApiModel):
+    """A benchmark of an InferenceService under realistic load."""
+
+    api_version: Literal["inference.vllm-operator.dev/v1alpha1"] = Field(
+        default="inference.vllm-operator.dev/v1alpha1"
+    )
+    kind: Literal["InferenceBenchmark"] = Field(default="InferenceBenchmark")
+    metadata: ObjectMeta
+    spec: InferenceBenchmarkSpec
+    status: InferenceBenchmarkStatus | None = None

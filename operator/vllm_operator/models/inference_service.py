@@ -1,0 +1,608 @@
+"""InferenceService: what a user wants served, and under what load.
+
+The spec holds only what the operator cannot work out itself (the model, its source, the
+traffic, the objectives, explicit overrides); everything it can work out (tensor
+parallelism, context length, batch sizes, shared memory) is planned by the tuner and shown
+in status with a reason for each value.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal, Self
+
+from pydantic import Field, WithJsonSchema, field_validator, model_validator
+
+from vllm_operator.models.base import (
+    DNS_LABEL_PATTERN,
+    ApiModel,
+    Condition,
+    ConfigMapKeyReference,
+    ObjectName,
+    Quantity,
+    SecretKeyReference,
+)
+from vllm_operator.models.workload import SLO, Workload
+
+# --- model --------------------------------------------------------------------------------
+
+
+class HuggingFaceSource(ApiModel):
+    """Weights downloaded from a Hugging Face repository when the pod starts."""
+
+    repo: str = Field(
+        min_length=3,
+        max_length=200,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$",
+        description="Repository id, as organisation/name.",
+    )
+    revision: str = Field(
+        default="main",
+        min_length=1,
+        max_length=200,
+        description="Branch, tag or commit. Pin a commit for reproducible rollouts.",
+    )
+    token_secret_ref: SecretKeyReference | None = Field(
+        default=None, description="Secret key holding an access token for gated repositories."
+    )
+
+
+class PVCSource(ApiModel):
+    """Weights already on a PersistentVolumeClaim in the same namespace."""
+
+    claim_name: ObjectName = Field(description="Name of the PersistentVolumeClaim.")
+    path: str = Field(
+        default="/",
+        pattern=r"^/",
+        max_length=1024,
+        description="Folder of the model inside the volume (absolute, within the volume).",
+    )
+
+
+class ImageSource(ApiModel):
+    """Weights baked into the serving image."""
+
+    path: str = Field(
+        pattern=r"^/", max_length=1024, description="Absolute folder of the model in the image."
+    )
+
+
+class ModelSource(ApiModel):
+    """Where the weights come from: exactly one of huggingFace, pvc, image."""
+
+    hugging_face: HuggingFaceSource | None = Field(default=None, description="Hugging Face.")
+    pvc: PVCSource | None = Field(default=None, description="A PersistentVolumeClaim.")
+    image: ImageSource | None = Field(default=None, description="A path in the image.")
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                {
+                    "rule": "[has(self.huggingFace), has(self.pvc), has(self.image)]"
+                    ".filter(x, x).size() == 1",
+                    "message": "exactly one of huggingFace, pvc or image must be set",
+                }
+            ]
+        }
+    }
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Self:
+        if sum(x is not None for x in (self.hugging_face, self.pvc, self.image)) != 1:
+            raise ValueError("exactly one of huggingFace, pvc or image must be set")
+        return self
+
+
+QuantizationMethod = Literal["None", "AWQ", "GPTQ", "FP8", "BitsAndBytes", "GGUF", "CompressedTensors"]
+
+
+class Quantization(ApiModel):
+    """How the weights are quantized, as published."""
+
+    method: QuantizationMethod = Field(default="None", description="Quantization method.")
+    bits: int | None = Field(
+        default=None, ge=2, le=16, description="Bits per weight (for AWQ, GPTQ, GGUF)."
+    )
+    group_size: int | None = Field(
+        default=None, ge=-1, le=4096, description="Quantization group size (-1: per channel)."
+    )
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!(self.method in ['AWQ', 'GPTQ']) || has(self.bits)",
+                    "message": "AWQ and GPTQ need bits",
+                    "fieldPath": ".bits",
+                    "reason": "FieldValueRequired",
+                }
+            ]
+        }
+    }
+
+    @model_validator(mode="after")
+    def _bits(self) -> Self:
+        if self.method in ("AWQ", "GPTQ") and self.bits is None:
+            raise ValueError("AWQ and GPTQ need bits")
+        return self
+
+
+class ModelArchitecture(ApiModel):
+    """The shape of the network, for when config.json cannot be read before scheduling."""
+
+    num_layers: int = Field(ge=1, le=1024, description="Transformer layers.")
+    hidden_size: int = Field(ge=1, le=1_000_000, description="Hidden size.")
+    num_attention_heads: int = Field(ge=1, le=4096, description="Attention (query) heads.")
+    num_key_value_heads: int | None = Field(
+        default=None,
+        ge=1,
+        le=4096,
+        description="Key/value heads (grouped-query attention). Defaults to the attention heads.",
+    )
+    head_dim: int | None = Field(
+        default=None, ge=1, le=4096, description="Head dimension. Defaults to hidden/heads."
+    )
+    intermediate_size: int | None = Field(
+        default=None, ge=1, le=10_000_000, description="MLP intermediate size."
+    )
+    vocab_size: int = Field(ge=1, le=10_000_000, description="Vocabulary size.")
+    max_position_embeddings: int = Field(
+        ge=1, le=100_000_000, description="Longest context the model was trained for."
+    )
+    parameter_count: int | None = Field(
+        default=None,
+        ge=1,
+        description="Total parameters. Estimated from the shape when left out.",
+    )
+    num_experts: int | None = Field(
+        default=None, ge=1, le=4096, description="Experts per MoE layer (mixture of experts)."
+    )
+    num_experts_per_token: int | None = Field(
+        default=None, ge=1, le=4096, description="Experts active per token (MoE)."
+    )
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.numKeyValueHeads) || "
+                    "self.numAttentionHeads % self.numKeyValueHeads == 0",
+                    "message": "numAttentionHeads must be a multiple of numKeyValueHeads",
+                    "fieldPath": ".numKeyValueHeads",
+                }
+            ]
+        }
+    }
+
+    @model_validator(mode="after")
+    def _gqa(self) -> Self:
+        kv = self.num_key_value_heads
+        if kv is not None and self.num_attention_heads % kv:
+            raise ValueError("numAttentionHeads must be a multiple of numKeyValueHeads")
+        return self
+
+
+Dtype = Literal["auto", "bfloat16", "float16", "float32"]
+
+
+class ModelSpec(ApiModel):
+    """The model to serve."""
+
+    name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="Name clients send in requests. Defaults to the InferenceService's name.",
+    )
+    source: ModelSource = Field(description="Where the weights come from.")
+    dtype: Dtype = Field(
+        default="auto",
+        description="Weights and activations dtype; auto picks bfloat16 where the GPU has it.",
+    )
+    quantization: Quantization | None = Field(default=None, description="Quantization.")
+    architecture: ModelArchitecture | None = Field(
+        default=None,
+        description="Explicit architecture; otherwise read from config.json or the catalog.",
+    )
+
+
+# --- GPUs, tuning, node, warmup, autoscaling -----------------------------------------------
+
+GpuCount = Annotated[
+    int | Literal["auto"],
+    WithJsonSchema(
+        {
+            "x-kubernetes-int-or-string": True,
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+        }
+    ),
+]
+
+
+class GPUSpec(ApiModel):
+    """Which GPUs a replica runs on."""
+
+    count: GpuCount = Field(
+        default="auto",
+        description="GPUs per replica: auto (the tuner's choice) or a number from 1 to 16.",
+    )
+    products: list[Annotated[str, Field(min_length=1, max_length=128)]] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Allowed GPU products (node label nvidia.com/gpu.product); empty: any.",
+    )
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                {
+                    "rule": "type(self.count) == string ? self.count == 'auto' "
+                    ": (self.count >= 1 && self.count <= 16)",
+                    "message": "count must be auto or a number from 1 to 16",
+                    "fieldPath": ".count",
+                }
+            ]
+        }
+    }
+
+    @field_validator("count")
+    @classmethod
+    def _count(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and not 1 <= v <= 16:
+            raise ValueError("count must be auto or a number from 1 to 16")
+        return v
+
+
+Profile = Literal["Balanced", "Latency", "Throughput", "FastStart"]
+OVERRIDE_KEY_PATTERN = r"^[a-z][a-z0-9-]*$"
+
+
+class TuningSpec(ApiModel):
+    """How the tuner should lean, and what it must not decide."""
+
+    profile: Profile = Field(
+        default="Balanced",
+        description="Balanced, Latency (small batches), Throughput (large batches) or "
+        "FastStart (eager mode: faster start, 15-22% less throughput).",
+    )
+    overrides: dict[Annotated[str, Field(pattern=OVERRIDE_KEY_PATTERN)], str] = Field(
+        default_factory=dict,
+        max_length=64,
+        description="vLLM arguments by name without dashes (max-model-len: '4096'). An "
+        "override always wins and is reported as such. 'true' or 'false' toggle a flag.",
+    )
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.overrides.all(k, k.matches('^[a-z][a-z0-9-]*$'))",
+                    "message": "override keys are vLLM argument names without dashes",
+                    "fieldPath": ".overrides",
+                },
+                {
+                    "rule": "!(['model', 'host', 'port', 'served-model-name'].exists(k, "
+                    "k in self.overrides))",
+                    "message": "model, host, port and served-model-name are set by the "
+                    "operator and cannot be overridden",
+                    "fieldPath": ".overrides",
+                },
+            ]
+        }
+    }
+
+    @model_validator(mode="after")
+    def _reserved(self) -> Self:
+        reserved = {"model", "host", "port", "served-model-name"} & set(self.overrides)
+        if reserved:
+            raise ValueError(
+                "model, host, port and served-model-name are set by the operator "
+                "and cannot be overridden"
+            )
+        return self
+
+
+ShmSize = Annotated[
+    str,
+    Field(pattern=r"^(auto|([0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*))$"),
+    WithJsonSchema(
+        {
+            "x-kubernetes-int-or-string": True,
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "pattern": r"^(auto|([0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*))$",
+        }
+    ),
+]
+
+
+class NodeSpec(ApiModel):
+    """Pod-level settings on the node: shared memory and CPUs."""
+
+    shm_size: ShmSize = Field(
+        default="auto",
+        description="Size of /dev/shm: auto (planned from tensor parallelism) or a quantity.",
+    )
+    cpu_pinning: bool = Field(
+        default=False,
+        description="Give the pod exclusive cores (Guaranteed QoS, integer CPUs) and match "
+        "thread counts to them. Needs the kubelet's static CPU manager.",
+    )
+    cpus: int | None = Field(
+        default=None, ge=1, le=512, description="CPU cores per replica. Planned when left out."
+    )
+    memory: Quantity | None = Field(
+        default=None, description="Host memory per replica, /dev/shm excluded. Planned."
+    )
+
+
+class WarmupSpec(ApiModel):
+    """Warmup of each pod before it takes traffic."""
+
+    enabled: bool = Field(
+        default=True,
+        description="Gate readiness on warmup (readiness gate inference.vllm-operator.dev/"
+        "warmed-up).",
+    )
+    timeout_seconds: int = Field(
+        default=600, ge=10, le=7200, description="Budget for one warmup of one pod."
+    )
+    max_retries: int = Field(
+        default=3, ge=0, le=20, description="Warmup attempts after the first that fail."
+    )
+
+
+AutoscalingMetric = Literal["RequestsWaiting", "RequestsRunning", "KVCacheUsage", "TTFTP90"]
+
+
+class AutoscalingSpec(ApiModel):
+    """Follow the load on vLLM's own signals."""
+
+    enabled: bool = Field(default=False, description="Turn autoscaling on.")
+    min_replicas: int = Field(default=1, ge=0, le=1000, description="Fewest replicas.")
+    max_replicas: int = Field(default=4, ge=1, le=1000, description="Most replicas.")
+    metric: AutoscalingMetric = Field(
+        default="RequestsWaiting",
+        description="Signal, read from each pod's /metrics: requests waiting or running per "
+        "pod, KV-cache usage (0-1), or TTFT P90 in seconds.",
+    )
+    target: str = Field(
+        default="4",
+        pattern=r"^[0-9]+(\.[0-9]+)?$",
+        description="Target value of the signal per pod, as a decimal string.",
+    )
+    scale_up_window_seconds: int = Field(
+        default=0, ge=0, le=3600, description="Stabilisation window before scaling up."
+    )
+    scale_down_window_seconds: int = Field(
+        default=300, ge=0, le=3600, description="Stabilisation window before scaling down."
+    )
+    scale_to_zero: bool = Field(default=False, description="Allow minReplicas 0.")
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.minReplicas <= self.maxReplicas",
+                    "message": "minReplicas must not exceed maxReplicas",
+                    "fieldPath": ".minReplicas",
+                },
+                {
+                    "rule": "self.scaleToZero || self.minReplicas >= 1",
+                    "message": "minReplicas 0 needs scaleToZero",
+                    "fieldPath": ".minReplicas",
+                },
+            ]
+        }
+    }
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Self:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("minReplicas must not exceed maxReplicas")
+        if self.min_replicas == 0 and not self.scale_to_zero:
+            raise ValueError("minReplicas 0 needs scaleToZero")
+        return self
+
+
+TolerationOperator = Literal["Exists", "Equal"]
+TaintEffect = Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+
+
+class Toleration(ApiModel):
+    """A pod toleration, as in core/v1."""
+
+    key: str | None = Field(default=None, max_length=316, description="Taint key.")
+    operator: TolerationOperator = Field(default="Equal", description="Exists or Equal.")
+    value: str | None = Field(default=None, max_length=63, description="Taint value.")
+    effect: TaintEffect | None = Field(default=None, description="Taint effect; empty: all.")
+    toleration_seconds: int | None = Field(
+        default=None, description="How long a NoExecute taint is tolerated."
+    )
+
+
+class EnvVarSource(ApiModel):
+    """Where an environment variable's value comes from."""
+
+    secret_key_ref: SecretKeyReference | None = Field(default=None, description="A Secret key.")
+    config_map_key_ref: ConfigMapKeyReference | None = Field(
+        default=None, description="A ConfigMap key."
+    )
+
+
+class EnvVar(ApiModel):
+    """An environment variable for the vLLM container."""
+
+    name: str = Field(
+        min_length=1, max_length=256, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", description="Name."
+    )
+    value: str | None = Field(default=None, description="Literal value.")
+    value_from: EnvVarSource | None = Field(default=None, description="Value from a source.")
+
+
+class PodTemplateOverlay(ApiModel):
+    """A small, typed overlay on the pods the operator renders."""
+
+    annotations: dict[str, str] = Field(default_factory=dict, description="Pod annotations.")
+    labels: dict[str, str] = Field(default_factory=dict, description="Extra pod labels.")
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Node selector.")
+    tolerations: list[Toleration] = Field(
+        default_factory=list, max_length=64, description="Tolerations."
+    )
+    env: list[EnvVar] = Field(
+        default_factory=list, max_length=128, description="Extra environment variables."
+    )
+    priority_class_name: str | None = Field(
+        default=None, max_length=253, description="PriorityClass of the pods."
+    )
+    service_account_name: str | None = Field(
+        default=None, max_length=253, description="ServiceAccount the pods run as."
+    )
+
+
+class InferenceServiceSpec(ApiModel):
+    """Desired state of an InferenceService."""
+
+    model: ModelSpec = Field(description="The model to serve.")
+    replicas: int = Field(
+        default=1,
+        ge=0,
+        le=1000,
+        description="Replicas (each with its own GPUs). Target of the scale subresource.",
+    )
+    gpu: GPUSpec = Field(default_factory=GPUSpec, description="GPUs per replica and products.")
+    workload: Workload = Field(
+        default_factory=Workload, description="The traffic the service will see."
+    )
+    slo: SLO = Field(default_factory=SLO, description="Latency objectives.")
+    tuning: TuningSpec = Field(default_factory=TuningSpec, description="Tuning profile.")
+    warmup: WarmupSpec = Field(default_factory=WarmupSpec, description="Warmup before traffic.")
+    autoscaling: AutoscalingSpec = Field(
+        default_factory=AutoscalingSpec, description="Autoscaling on vLLM's signals."
+    )
+    node: NodeSpec = Field(default_factory=NodeSpec, description="Shared memory and CPUs.")
+    image: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=512,
+        description="vLLM serving image. Defaults to the operator's configured image.",
+    )
+    pod_template: PodTemplateOverlay = Field(
+        default_factory=PodTemplateOverlay, description="Overlay on the rendered pods."
+    )
+
+
+# --- status ------------------------------------------------------------------------------
+
+ArgumentSource = Literal["Tuner", "Override", "Spec", "Default"]
+
+
+class EffectiveArgument(ApiModel):
+    """One vLLM argument as it is passed, and why."""
+
+    name: str = Field(description="Argument name without dashes.")
+    value: str = Field(description="Value passed ('true' for a bare flag).")
+    source: ArgumentSource = Field(description="Who decided it: Tuner, Override, Spec, Default.")
+    reason: str = Field(description="Why this value.")
+
+
+class Predictions(ApiModel):
+    """What the tuner predicts for one replica."""
+
+    weights_bytes: int | None = Field(default=None, description="Weights memory per replica.")
+    kv_cache_bytes: int | None = Field(default=None, description="KV-cache memory per replica.")
+    kv_cache_tokens: int | None = Field(default=None, description="KV-cache capacity, tokens.")
+    max_concurrent_sequences: int | None = Field(
+        default=None, description="Sequences of the chosen context that fit at once."
+    )
+    context_length: int | None = Field(default=None, description="Chosen max model length.")
+    decode_tokens_per_second: float | None = Field(
+        default=None, description="Decode rate of one sequence (memory-bandwidth roofline)."
+    )
+    load_seconds: float | None = Field(default=None, description="Time to load the weights.")
+
+
+class EffectiveTuning(ApiModel):
+    """The plan in force."""
+
+    planned_by: Literal["Tuner", "SpecOnly"] = Field(
+        description="Tuner: planned from the model and GPUs; SpecOnly: only the spec applied."
+    )
+    gpus_per_replica: int | None = Field(default=None, description="GPUs per replica.")
+    tensor_parallel_size: int | None = Field(default=None, description="Tensor parallelism.")
+    arguments: list[EffectiveArgument] = Field(
+        default_factory=list, description="Every vLLM argument with its value and reason."
+    )
+    predictions: Predictions | None = Field(default=None, description="Predicted capacity.")
+    notes: list[str] = Field(default_factory=list, description="Warnings and remarks.")
+
+
+class WarmupStatus(ApiModel):
+    """Warmup results of the service's pods."""
+
+    last_cold_ttft_milliseconds: float | None = Field(
+        default=None, description="TTFT of the first request of the last warmup."
+    )
+    last_warm_ttft_milliseconds: float | None = Field(
+        default=None, description="Median TTFT at the end of the last warmup."
+    )
+
+
+class BenchmarkSummary(ApiModel):
+    """Headline of the last benchmark that targeted this service."""
+
+    name: str = Field(description="InferenceBenchmark name.")
+    phase: str = Field(description="Its phase.")
+    completion_time: datetime | None = Field(default=None, description="When it ended.")
+    requests_per_second: float | None = Field(default=None, description="Achieved rate.")
+    ttft_p99_milliseconds: float | None = Field(default=None, description="TTFT P99.")
+    slo_attainment: float | None = Field(default=None, description="Share meeting the SLO.")
+
+
+class InferenceServiceStatus(ApiModel):
+    """Observed state of an InferenceService, computed by the operator."""
+
+    observed_generation: int | None = Field(
+        default=None, description="The generation this status describes."
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Ready, Reconciling, Stalled, WarmedUp, ScaleDownBlocked.",
+    )
+    replicas: int | None = Field(default=None, description="Pods that exist (scale subresource).")
+    desired_replicas: int | None = Field(default=None, description="Replicas asked for.")
+    ready_replicas: int | None = Field(default=None, description="Pods Ready.")
+    warmed_replicas: int | None = Field(default=None, description="Pods warmed up.")
+    selector: str | None = Field(
+        default=None, description="Label selector of the pods (scale subresource)."
+    )
+    endpoint: str | None = Field(default=None, description="In-cluster OpenAI-compatible URL.")
+    tuning: EffectiveTuning | None = Field(default=None, description="The effective tuning.")
+    warmup: WarmupStatus | None = Field(default=None, description="Warmup results.")
+    last_benchmark: BenchmarkSummary | None = Field(
+        default=None, description="The last benchmark of this service."
+    )
+
+
+class ObjectMeta(ApiModel):
+    """The parts of metadata the operator reads; everything else is kept as is."""
+
+    model_config = ApiModel.model_config | {"extra": "allow"}
+
+    name: str = Field(pattern=DNS_LABEL_PATTERN, max_length=63)
+    namespace: str | None = None
+    uid: str | None = None
+    generation: int | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class InferenceService(ApiModel):
+    """A model served by tuned, warmed-up vLLM replicas."""
+
+    api_version: Literal["inference.vllm-operator.dev/v1alpha1"] = Field(
+        default="inference.vllm-operator.dev/v1alpha1"
+    )
+    kind: Literal["InferenceService"] = Field(default="InferenceService")
+    metadata: ObjectMeta
+    spec: InferenceServiceSpec
+    status: InferenceServiceStatus | None = None
