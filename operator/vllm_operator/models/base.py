@@ -12,7 +12,6 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
-from pydantic.alias_generators import to_camel
 
 # A Kubernetes quantity ("64Gi", "500m", "1.5G"). Kept as the string the user wrote; the
 # schema marks it int-or-string as Kubernetes' own types do.
@@ -33,6 +32,12 @@ Quantity = Annotated[
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 ObjectName = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)]
+
+
+def to_camel(name: str) -> str:
+    """snake_case → camelCase, leaving letters after digits alone (e2e_p99 → e2eP99)."""
+    first, *rest = name.split("_")
+    return first + "".join(part[:1].upper() + part[1:] for part in rest)
 
 
 class ApiModel(BaseModel):

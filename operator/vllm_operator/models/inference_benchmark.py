@@ -259,7 +259,7 @@ class InferenceBenchmarkSpec(ApiModel):
                 {
                     "rule": "self.mode != 'Search' || has(self.slo.ttftP99Milliseconds) || "
                     "has(self.slo.tpotP99Milliseconds) || has(self.slo.e2eP99Milliseconds)",
-                    "message": "mode Search needs at least one SLO target",
+                    "message": "mode Search needs at least one target in slo",
                     "fieldPath": ".slo",
                     "reason": "FieldValueRequired",
                 },
@@ -286,7 +286,7 @@ class InferenceBenchmarkSpec(ApiModel):
             if not (
                 slo.ttft_p99_milliseconds or slo.tpot_p99_milliseconds or slo.e2e_p99_milliseconds
             ):
-                raise ValueError("mode Search needs at least one SLO target")
+                raise ValueError("mode Search needs at least one target in slo")
         return self
 
 

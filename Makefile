@@ -1,0 +1,69 @@
+# vllm-operator — one Makefile, the same target names everywhere. `make help` lists them.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+BIN := $(VENV)/bin
+PYTEST_ARGS ?=
+
+.PHONY: help
+help: ## List the targets.
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+.PHONY: venv
+venv: $(VENV)/.installed ## Create the Python virtual environment with the dev tools.
+
+.PHONY: binaries
+binaries: ## Build (or reuse from the cache) the control-plane binaries.
+	bash e2e/cluster/build.sh >/dev/null
+
+.PHONY: setup
+setup: venv binaries ## Everything the tests need: venv, control-plane binaries.
+
+.PHONY: test
+test: setup ## Run every test: the unit tier, then the cluster tier on the real control plane.
+	$(BIN)/pytest tests e2e $(PYTEST_ARGS)
+
+.PHONY: test-unit
+test-unit: venv ## Run the unit tier only (no cluster, seconds).
+	$(BIN)/pytest tests $(PYTEST_ARGS)
+
+.PHONY: test-e2e
+test-e2e: setup ## Run the cluster tier only.
+	$(BIN)/pytest e2e $(PYTEST_ARGS)
+
+.PHONY: lint
+lint: venv ## ruff, mypy --strict and the import-layer contracts.
+	$(BIN)/ruff check operator tests e2e
+	$(BIN)/ruff format --check operator tests e2e
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+.PHONY: format
+format: venv ## Format the code with ruff.
+	$(BIN)/ruff format operator tests e2e
+	$(BIN)/ruff check --fix operator tests e2e
+
+.PHONY: crds
+crds: venv ## Regenerate crds/ from the API models.
+	$(BIN)/vllm-operator crds --out crds
+
+.PHONY: verify
+verify: lint ## Lint, and check that every generated file is current.
+	$(BIN)/vllm-operator crds --check --out crds
+
+.PHONY: cluster-up
+cluster-up: setup ## Start the local control plane (etcd, apiserver, controllers, scheduler, kwok).
+	$(PY) -m e2e.cluster up
+
+.PHONY: cluster-down
+cluster-down: venv ## Stop the local control plane.
+	$(PY) -m e2e.cluster down

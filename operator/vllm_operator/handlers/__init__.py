@@ -1,0 +1,1 @@
+"""Kopf registration only: each handler calls one reconcile function."""

@@ -1,0 +1,1 @@
+"""I/O adapters: the only layer that talks to the Kubernetes API (server-side apply, reads)."""

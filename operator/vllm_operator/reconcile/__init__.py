@@ -1,0 +1,1 @@
+"""Orchestration: one level-based reconcile per kind, built from pure functions and adapters."""

@@ -1,0 +1,1 @@
+"""Pure builders: validated models in, plain Kubernetes manifests (dicts) out."""

@@ -1,0 +1,117 @@
+"""The CRDs are generated, structural, documented, and the committed copies are current."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vllm_operator.cli import crd_files, main
+from vllm_operator.render.crds import all_crds
+
+REPO = Path(__file__).parents[1]
+CRDS = {c["spec"]["names"]["kind"]: c for c in all_crds()}
+
+
+def _schema(kind: str) -> dict[str, Any]:
+    schema: dict[str, Any] = CRDS[kind]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def _walk(node: dict[str, Any], path: str = "") -> list[tuple[str, dict[str, Any]]]:
+    found = [(path, node)]
+    for name, child in node.get("properties", {}).items():
+        found += _walk(child, f"{path}.{name}")
+    if isinstance(node.get("items"), dict):
+        found += _walk(node["items"], f"{path}[]")
+    if isinstance(node.get("additionalProperties"), dict):
+        found += _walk(node["additionalProperties"], f"{path}{{}}")
+    return found
+
+
+def test_generation_is_deterministic() -> None:
+    assert crd_files() == crd_files()
+
+
+def test_the_committed_crds_are_current() -> None:
+    assert main(["crds", "--check", "--out", str(REPO / "crds")]) == 0
+
+
+def test_check_reports_a_stale_file(tmp_path: Path) -> None:
+    assert main(["crds", "--out", str(tmp_path)]) == 0
+    victim = next(tmp_path.glob("*.yaml"))
+    victim.write_text(victim.read_text() + "# edited by hand\n")
+    assert main(["crds", "--check", "--out", str(tmp_path)]) == 1
+
+
+@pytest.mark.parametrize("kind", sorted(CRDS))
+def test_the_schema_is_structural(kind: str) -> None:
+    for path, node in _walk(_schema(kind)):
+        assert "$ref" not in node and "title" not in node and "$defs" not in node, path
+        if node.get("x-kubernetes-int-or-string"):
+            assert "type" not in node, path
+            continue
+        assert "type" in node or node.get("x-kubernetes-preserve-unknown-fields"), (
+            f"{kind}{path} has no type"
+        )
+        assert "anyOf" not in node and "oneOf" not in node, f"{kind}{path} is not structural"
+        assert not ("properties" in node and "additionalProperties" in node), path
+        for bound in ("exclusiveMinimum", "exclusiveMaximum"):
+            assert node.get(bound, True) is True, f"{kind}{path}: {bound} must be boolean"
+        if node.get("type") == "object" and "properties" in node:
+            for req in node.get("required", []):
+                assert req in node["properties"], f"{kind}{path} requires unknown {req}"
+
+
+@pytest.mark.parametrize("kind", sorted(CRDS))
+def test_every_field_under_spec_and_status_is_described(kind: str) -> None:
+    undocumented = [
+        path
+        for path, node in _walk(_schema(kind))
+        if path.startswith((".spec.", ".status.")) and not path.endswith(("[]", "{}"))
+        and not node.get("description")
+    ]
+    assert not undocumented, f"{kind} fields without a description: {undocumented}"
+
+
+def test_status_subresource_on_every_kind_and_scale_on_inference_service() -> None:
+    for kind, crd in CRDS.items():
+        version = crd["spec"]["versions"][0]
+        assert "status" in version["subresources"], kind
+    scale = CRDS["InferenceService"]["spec"]["versions"][0]["subresources"]["scale"]
+    assert scale == {
+        "specReplicasPath": ".spec.replicas",
+        "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector",
+    }
+
+
+def test_cross_field_rules_are_cel_in_the_schema() -> None:
+    rules = [
+        rule["rule"]
+        for kind in CRDS
+        for _, node in _walk(_schema(kind))
+        for rule in node.get("x-kubernetes-validations", [])
+    ]
+    assert any("huggingFace" in r for r in rules)
+    assert any("oldSelf" in r for r in rules), "benchmark spec is immutable"
+    assert len(rules) >= 20
+
+
+def test_defaults_reach_nested_objects() -> None:
+    spec = _schema("InferenceService")["properties"]["spec"]["properties"]
+    assert spec["gpu"]["default"] == {}
+    assert spec["gpu"]["properties"]["count"]["default"] == "auto"
+    assert spec["replicas"]["default"] == 1
+    assert "default" not in spec["model"]["properties"]["quantization"], "optional stays unset"
+
+
+def test_printer_columns_and_names() -> None:
+    isvc = CRDS["InferenceService"]
+    columns = [c["name"] for c in isvc["spec"]["versions"][0]["additionalPrinterColumns"]]
+    assert columns[:1] == ["Ready"] and "Model" in columns and "GPUs" in columns
+    assert "isvc" in isvc["spec"]["names"]["shortNames"]
+    bench = CRDS["InferenceBenchmark"]["spec"]["versions"][0]["additionalPrinterColumns"]
+    assert "Phase" in [c["name"] for c in bench]
+    assert CRDS["GPUNode"]["spec"]["scope"] == "Cluster"

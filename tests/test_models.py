@@ -1,0 +1,90 @@
+"""The API models accept what the CRDs accept and reject what they reject."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from tests.catalog import invalid_cases, valid_bases
+from vllm_operator.models import GPUNode, InferenceBenchmark, InferenceService
+from vllm_operator.models.base import ApiModel
+
+KINDS: dict[str, type[ApiModel]] = {
+    "InferenceService": InferenceService,
+    "InferenceBenchmark": InferenceBenchmark,
+    "GPUNode": GPUNode,
+}
+EXAMPLES = sorted((Path(__file__).parents[1] / "examples").glob("*.yaml"))
+
+
+def _documents(path: Path) -> list[dict[str, object]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_every_example_is_a_valid_object(path: Path) -> None:
+    docs = [d for d in _documents(path) if d.get("kind") in KINDS]
+    assert docs, f"{path.name} holds none of our kinds"
+    for doc in docs:
+        KINDS[str(doc["kind"])].model_validate(doc)
+
+
+def test_there_are_examples_of_every_kind() -> None:
+    kinds = {d.get("kind") for p in EXAMPLES for d in _documents(p)}
+    assert set(KINDS) <= kinds
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_the_catalog_bases_are_valid(kind: str) -> None:
+    KINDS[kind].model_validate(valid_bases()[kind])
+
+
+CASES = [c for c in invalid_cases() if not c.admission_only]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_the_models_reject_each_invalid_manifest(case: object) -> None:
+    from tests.catalog import InvalidCase
+
+    assert isinstance(case, InvalidCase)
+    with pytest.raises(ValidationError) as err:
+        KINDS[case.kind].model_validate(case.manifest)
+    # The error names the field (pydantic spells the path with dots, in camelCase).
+    leaf = case.field.split(".")[-1].split("[")[0]
+    assert leaf in str(err.value), f"error does not name {case.field}: {err.value}"
+
+
+def test_the_catalog_has_at_least_25_invalid_services_and_benchmarks() -> None:
+    cases = [c for c in invalid_cases() if c.kind in ("InferenceService", "InferenceBenchmark")]
+    assert len(cases) >= 25
+    assert len({c.id for c in invalid_cases()}) == len(invalid_cases()), "ids must be unique"
+
+
+def test_defaults_fill_a_minimal_service() -> None:
+    isvc = InferenceService.model_validate(valid_bases()["InferenceService"])
+    spec = isvc.spec
+    assert spec.replicas == 1
+    assert spec.gpu.count == "auto"
+    assert spec.tuning.profile == "Balanced"
+    assert spec.warmup.enabled is True
+    assert spec.autoscaling.enabled is False
+    assert spec.node.shm_size == "auto"
+    assert spec.model.source.hugging_face is not None
+    assert spec.model.source.hugging_face.revision == "main"
+
+
+def test_wire_form_round_trips() -> None:
+    isvc = InferenceService.model_validate(valid_bases()["InferenceService"])
+    again = InferenceService.model_validate(isvc.to_wire())
+    assert again == isvc
+    assert "tokenSecretRef" not in str(isvc.to_wire()), "unset optional fields are left out"
+
+
+def test_gpu_count_accepts_auto_and_numbers() -> None:
+    base = valid_bases()["InferenceService"]
+    for count in ("auto", 1, 8, 16):
+        doc = {**base, "spec": {**base["spec"], "gpu": {"count": count}}}
+        assert InferenceService.model_validate(doc).spec.gpu.count == count
