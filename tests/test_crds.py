@@ -69,7 +69,8 @@ def test_every_field_under_spec_and_status_is_described(kind: str) -> None:
     undocumented = [
         path
         for path, node in _walk(_schema(kind))
-        if path.startswith((".spec.", ".status.")) and not path.endswith(("[]", "{}"))
+        if path.startswith((".spec.", ".status."))
+        and not path.endswith(("[]", "{}"))
         and not node.get("description")
     ]
     assert not undocumented, f"{kind} fields without a description: {undocumented}"

@@ -9,9 +9,10 @@ silently drop a typo).
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic.config import JsonDict
 
 # A Kubernetes quantity ("64Gi", "500m", "1.5G"). Kept as the string the user wrote; the
 # schema marks it int-or-string as Kubernetes' own types do.
@@ -53,6 +54,21 @@ class ApiModel(BaseModel):
     def to_wire(self) -> dict[str, Any]:
         """The manifest form: camelCase keys, unset optional fields left out."""
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def cel_rules(*rules: dict[str, str]) -> ConfigDict:
+    """Model config carrying CEL rules (x-kubernetes-validations) into the CRD schema.
+
+    Each rule has a twin pydantic validator on the same model; the tests hold both to one
+    catalog of invalid manifests.
+    """
+    return ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        validate_default=True,
+        json_schema_extra=cast("JsonDict", {"x-kubernetes-validations": list(rules)}),
+    )
 
 
 ConditionStatus = Literal["True", "False", "Unknown"]

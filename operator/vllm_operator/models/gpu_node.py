@@ -12,7 +12,7 @@ from typing import Literal, Self
 
 from pydantic import Field, model_validator
 
-from vllm_operator.models.base import ApiModel, Condition
+from vllm_operator.models.base import ApiModel, Condition, cel_rules
 from vllm_operator.models.inference_service import ObjectMeta
 
 PowerPolicy = Literal["Unmanaged", "Default", "Max", "Watts"]
@@ -28,17 +28,13 @@ class PowerSpec(ApiModel):
     )
     watts: int | None = Field(default=None, ge=1, le=5000, description="Limit, for Watts.")
 
-    model_config = ApiModel.model_config | {
-        "json_schema_extra": {
-            "x-kubernetes-validations": [
-                {
-                    "rule": "(self.policy == 'Watts') == has(self.watts)",
-                    "message": "watts is required with policy Watts and only then",
-                    "fieldPath": ".watts",
-                }
-            ]
+    model_config = cel_rules(
+        {
+            "rule": "(self.policy == 'Watts') == has(self.watts)",
+            "message": "watts is required with policy Watts and only then",
+            "fieldPath": ".watts",
         }
-    }
+    )
 
     @model_validator(mode="after")
     def _watts(self) -> Self:

@@ -16,6 +16,7 @@ from vllm_operator.models.base import (
     Condition,
     ConfigMapKeyReference,
     LocalObjectReference,
+    cel_rules,
 )
 from vllm_operator.models.inference_service import ObjectMeta
 from vllm_operator.models.workload import SLO, LengthDistribution
@@ -32,17 +33,13 @@ class PulseSpec(ApiModel):
     window_seconds: float = Field(gt=0, le=3600, description="Length of the burst window.")
     period_seconds: float = Field(gt=0, le=86400, description="Length of one period.")
 
-    model_config = ApiModel.model_config | {
-        "json_schema_extra": {
-            "x-kubernetes-validations": [
-                {
-                    "rule": "self.windowSeconds < self.periodSeconds",
-                    "message": "windowSeconds must be shorter than periodSeconds",
-                    "fieldPath": ".windowSeconds",
-                }
-            ]
+    model_config = cel_rules(
+        {
+            "rule": "self.windowSeconds < self.periodSeconds",
+            "message": "windowSeconds must be shorter than periodSeconds",
+            "fieldPath": ".windowSeconds",
         }
-    }
+    )
 
     @model_validator(mode="after")
     def _window(self) -> Self:
@@ -73,43 +70,39 @@ class ArrivalSpec(ApiModel):
         default=None, description="JSONL trace of send offsets and lengths, for Trace."
     )
 
-    model_config = ApiModel.model_config | {
-        "json_schema_extra": {
-            "x-kubernetes-validations": [
-                {
-                    "rule": "!(self.process in ['Constant', 'Poisson', 'Gamma', 'Pulse']) "
-                    "|| has(self.ratePerSecond)",
-                    "message": "open-loop arrival processes need ratePerSecond",
-                    "fieldPath": ".ratePerSecond",
-                    "reason": "FieldValueRequired",
-                },
-                {
-                    "rule": "self.process != 'Gamma' || has(self.burstiness)",
-                    "message": "process Gamma needs burstiness",
-                    "fieldPath": ".burstiness",
-                    "reason": "FieldValueRequired",
-                },
-                {
-                    "rule": "self.process != 'Pulse' || has(self.pulse)",
-                    "message": "process Pulse needs pulse",
-                    "fieldPath": ".pulse",
-                    "reason": "FieldValueRequired",
-                },
-                {
-                    "rule": "self.process != 'ClosedLoop' || has(self.concurrency)",
-                    "message": "process ClosedLoop needs concurrency",
-                    "fieldPath": ".concurrency",
-                    "reason": "FieldValueRequired",
-                },
-                {
-                    "rule": "self.process != 'Trace' || has(self.trace)",
-                    "message": "process Trace needs trace",
-                    "fieldPath": ".trace",
-                    "reason": "FieldValueRequired",
-                },
-            ]
-        }
-    }
+    model_config = cel_rules(
+        {
+            "rule": "!(self.process in ['Constant', 'Poisson', 'Gamma', 'Pulse']) "
+            "|| has(self.ratePerSecond)",
+            "message": "open-loop arrival processes need ratePerSecond",
+            "fieldPath": ".ratePerSecond",
+            "reason": "FieldValueRequired",
+        },
+        {
+            "rule": "self.process != 'Gamma' || has(self.burstiness)",
+            "message": "process Gamma needs burstiness",
+            "fieldPath": ".burstiness",
+            "reason": "FieldValueRequired",
+        },
+        {
+            "rule": "self.process != 'Pulse' || has(self.pulse)",
+            "message": "process Pulse needs pulse",
+            "fieldPath": ".pulse",
+            "reason": "FieldValueRequired",
+        },
+        {
+            "rule": "self.process != 'ClosedLoop' || has(self.concurrency)",
+            "message": "process ClosedLoop needs concurrency",
+            "fieldPath": ".concurrency",
+            "reason": "FieldValueRequired",
+        },
+        {
+            "rule": "self.process != 'Trace' || has(self.trace)",
+            "message": "process Trace needs trace",
+            "fieldPath": ".trace",
+            "reason": "FieldValueRequired",
+        },
+    )
 
     @model_validator(mode="after")
     def _complete(self) -> Self:
@@ -140,17 +133,12 @@ class BenchmarkWorkload(ApiModel):
         default=None, description="JSONL prompts (and optional output lengths) from a ConfigMap."
     )
 
-    model_config = ApiModel.model_config | {
-        "json_schema_extra": {
-            "x-kubernetes-validations": [
-                {
-                    "rule": "has(self.dataset) != (has(self.promptTokens) && "
-                    "has(self.outputTokens))",
-                    "message": "set either dataset, or both promptTokens and outputTokens",
-                }
-            ]
+    model_config = cel_rules(
+        {
+            "rule": "has(self.dataset) != (has(self.promptTokens) && has(self.outputTokens))",
+            "message": "set either dataset, or both promptTokens and outputTokens",
         }
-    }
+    )
 
     @model_validator(mode="after")
     def _one(self) -> Self:
@@ -184,17 +172,13 @@ class SearchSpec(ApiModel):
     )
     max_probes: int = Field(default=8, ge=2, le=64, description="Most load levels to try.")
 
-    model_config = ApiModel.model_config | {
-        "json_schema_extra": {
-            "x-kubernetes-validations": [
-                {
-                    "rule": "self.minRatePerSecond < self.maxRatePerSecond",
-                    "message": "minRatePerSecond must be below maxRatePerSecond",
-                    "fieldPath": ".minRatePerSecond",
-                }
-            ]
+    model_config = cel_rules(
+        {
+            "rule": "self.minRatePerSecond < self.maxRatePerSecond",
+            "message": "minRatePerSecond must be below maxRatePerSecond",
+            "fieldPath": ".minRatePerSecond",
         }
-    }
+    )
 
     @model_validator(mode="after")
     def _range(self) -> Self:
@@ -233,43 +217,39 @@ class InferenceBenchmarkSpec(ApiModel):
     endpoint: EndpointSpec = Field(default_factory=EndpointSpec, description="API and streaming.")
     seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed for reproducible runs.")
 
-    model_config = ApiModel.model_config | {
-        "json_schema_extra": {
-            "x-kubernetes-validations": [
-                {
-                    "rule": "has(self.durationSeconds) || has(self.requests)",
-                    "message": "set durationSeconds or requests (or both)",
-                    "fieldPath": ".durationSeconds",
-                    "reason": "FieldValueRequired",
-                },
-                {
-                    "rule": "self.mode != 'Sweep' || (has(self.sweep) && "
-                    "(size(self.sweep.ratesPerSecond) > 0 || "
-                    "size(self.sweep.concurrencies) > 0))",
-                    "message": "mode Sweep needs sweep.ratesPerSecond or sweep.concurrencies",
-                    "fieldPath": ".sweep",
-                    "reason": "FieldValueRequired",
-                },
-                {
-                    "rule": "self.mode != 'Search' || has(self.search)",
-                    "message": "mode Search needs search",
-                    "fieldPath": ".search",
-                    "reason": "FieldValueRequired",
-                },
-                {
-                    "rule": "self.mode != 'Search' || has(self.slo.ttftP99Milliseconds) || "
-                    "has(self.slo.tpotP99Milliseconds) || has(self.slo.e2eP99Milliseconds)",
-                    "message": "mode Search needs at least one target in slo",
-                    "fieldPath": ".slo",
-                    "reason": "FieldValueRequired",
-                },
-                {
-                    "rule": "self == oldSelf",
-                    "message": "spec is immutable; create a new InferenceBenchmark",
-                },
-            ]
-        }
-    }
+    model_config = cel_rules(
+        {
+            "rule": "has(self.durationSeconds) || has(self.requests)",
+            "message": "set durationSeconds or requests (or both)",
+            "fieldPath": ".durationSeconds",
+            "reason": "FieldValueRequired",
+        },
+        {
+            "rule": "self.mode != 'Sweep' || (has(self.sweep) && "
+            "(size(self.sweep.ratesPerSecond) > 0 || "
+            "size(self.sweep.concurrencies) > 0))",
+            "message": "mode Sweep needs sweep.ratesPerSecond or sweep.concurrencies",
+            "fieldPath": ".sweep",
+            "reason": "FieldValueRequired",
+        },
+        {
+            "rule": "self.mode != 'Search' || has(self.search)",
+            "message": "mode Search needs search",
+            "fieldPath": ".search",
+            "reason": "FieldValueRequired",
+        },
+        {
+            "rule": "self.mode != 'Search' || has(self.slo.ttftP99Milliseconds) || "
+            "has(self.slo.tpotP99Milliseconds) || has(self.slo.e2eP99Milliseconds)",
+            "message": "mode Search needs at least one target in slo",
+            "fieldPath": ".slo",
+            "reason": "FieldValueRequired",
+        },
+        {
+            "rule": "self == oldSelf",
+            "message": "spec is immutable; create a new InferenceBenchmark",
+        },
+    )
 
     @model_validator(mode="after")
     def _complete(self) -> Self:
@@ -360,9 +340,7 @@ class InferenceBenchmarkStatus(ApiModel):
 
     observed_generation: int | None = Field(default=None, description="Generation observed.")
     phase: BenchmarkPhase | None = Field(default=None, description="Lifecycle phase.")
-    conditions: list[Condition] = Field(
-        default_factory=list, description="Ready, Running, Failed."
-    )
+    conditions: list[Condition] = Field(default_factory=list, description="Ready, Running, Failed.")
     start_time: datetime | None = Field(default=None, description="When load started.")
     completion_time: datetime | None = Field(default=None, description="When it ended.")
     levels: list[LevelResult] = Field(default_factory=list, description="Per load level.")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Literal, Self
 
-from pydantic import Field, WithJsonSchema, field_validator, model_validator
+from pydantic import ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
 from vllm_operator.models.base import (
     DNS_LABEL_PATTERN,
@@ -21,6 +21,8 @@ from vllm_operator.models.base import (
     ObjectName,
     Quantity,
     SecretKeyReference,
+    cel_rules,
+    to_camel,
 )
 from vllm_operator.models.workload import SLO, Workload
 
@@ -74,17 +76,13 @@ class ModelSource(ApiModel):
     pvc: PVCSource | None = Field(default=None, description="A PersistentVolumeClaim.")
     image: ImageSource | None = Field(default=None, description="A path in the image.")
 
-    model_config = ApiModel.model_config | {
-        "json_schema_extra": {
-            "x-kubernetes-validations": [
-                {
-                    "rule": "[has(self.huggingFace), has(self.pvc), has(self.image)]"
-                    ".filter(x, x).size() == 1",
-                    "message": "exactly one of huggingFace, pvc or image must be set",
-                }
-            ]
+    model_config = cel_rules(
+        {
+            "rule": "[has(self.huggingFace), has(self.pvc), has(self.image)]"
+            ".filter(x, x).size() == 1",
+            "message": "exactly one of huggingFace, pvc or image must be set",
         }
-    }
+    )
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Self:
@@ -93,7 +91,9 @@ class ModelSource(ApiModel):
         return self
 
 
-QuantizationMethod = Literal["None", "AWQ", "GPTQ", "FP8", "BitsAndBytes", "GGUF", "CompressedTensors"]
+QuantizationMethod = Literal[
+    "None", "AWQ", "GPTQ", "FP8", "BitsAndBytes", "GGUF", "CompressedTensors"
+]
 
 
 class Quantization(ApiModel):
@@ -107,18 +107,14 @@ class Quantization(ApiModel):
         default=None, ge=-1, le=4096, description="Quantization group size (-1: per channel)."
     )
 
-    model_config = ApiModel.model_config | {
-        "json_schema_extra": {
-            "x-kubernetes-validations": [
-                {
-                    "rule": "!(self.method in ['AWQ', 'GPTQ']) || has(self.bits)",
-                    "message": "AWQ and GPTQ need bits",
-                    "fieldPath": ".bits",
-                    "reason": "FieldValueRequired",
-                }
-            ]
+    model_config = cel_rules(
+        {
+            "rule": "!(self.method in ['AWQ', 'GPTQ']) || has(self.bits)",
+            "message": "AWQ and GPTQ need bits",
+            "fieldPath": ".bits",
+            "reason": "FieldValueRequired",
         }
-    }
+    )
 
     @model_validator(mode="after")
     def _bits(self) -> Self:
@@ -161,18 +157,14 @@ class ModelArchitecture(ApiModel):
         default=None, ge=1, le=4096, description="Experts active per token (MoE)."
     )
 
-    model_config = ApiModel.model_config | {
-        "json_schema_extra": {
-            "x-kubernetes-validations": [
-                {
-                    "rule": "!has(self.numKeyValueHeads) || "
-                    "self.numAttentionHeads % self.numKeyValueHeads == 0",
-                    "message": "numAttentionHeads must be a multiple of numKeyValueHeads",
-                    "fieldPath": ".numKeyValueHeads",
-                }
-            ]
+    model_config = cel_rules(
+        {
+            "rule": "!has(self.numKeyValueHeads) || "
+            "self.numAttentionHeads % self.numKeyValueHeads == 0",
+            "message": "numAttentionHeads must be a multiple of numKeyValueHeads",
+            "fieldPath": ".numKeyValueHeads",
         }
-    }
+    )
 
     @model_validator(mode="after")
     def _gqa(self) -> Self:
@@ -232,18 +224,14 @@ class GPUSpec(ApiModel):
         description="Allowed GPU products (node label nvidia.com/gpu.product); empty: any.",
     )
 
-    model_config = ApiModel.model_config | {
-        "json_schema_extra": {
-            "x-kubernetes-validations": [
-                {
-                    "rule": "type(self.count) == string ? self.count == 'auto' "
-                    ": (self.count >= 1 && self.count <= 16)",
-                    "message": "count must be auto or a number from 1 to 16",
-                    "fieldPath": ".count",
-                }
-            ]
+    model_config = cel_rules(
+        {
+            "rule": "type(self.count) == string ? self.count == 'auto' "
+            ": (self.count >= 1 && self.count <= 16)",
+            "message": "count must be auto or a number from 1 to 16",
+            "fieldPath": ".count",
         }
-    }
+    )
 
     @field_validator("count")
     @classmethod
@@ -272,24 +260,20 @@ class TuningSpec(ApiModel):
         "override always wins and is reported as such. 'true' or 'false' toggle a flag.",
     )
 
-    model_config = ApiModel.model_config | {
-        "json_schema_extra": {
-            "x-kubernetes-validations": [
-                {
-                    "rule": "self.overrides.all(k, k.matches('^[a-z][a-z0-9-]*$'))",
-                    "message": "override keys are vLLM argument names without dashes",
-                    "fieldPath": ".overrides",
-                },
-                {
-                    "rule": "!(['model', 'host', 'port', 'served-model-name'].exists(k, "
-                    "k in self.overrides))",
-                    "message": "model, host, port and served-model-name are set by the "
-                    "operator and cannot be overridden",
-                    "fieldPath": ".overrides",
-                },
-            ]
-        }
-    }
+    model_config = cel_rules(
+        {
+            "rule": "self.overrides.all(k, k.matches('^[a-z][a-z0-9-]*$'))",
+            "message": "override keys are vLLM argument names without dashes",
+            "fieldPath": ".overrides",
+        },
+        {
+            "rule": "!(['model', 'host', 'port', 'served-model-name'].exists(k, "
+            "k in self.overrides))",
+            "message": "model, host, port and served-model-name are set by the "
+            "operator and cannot be overridden",
+            "fieldPath": ".overrides",
+        },
+    )
 
     @model_validator(mode="after")
     def _reserved(self) -> Self:
@@ -378,22 +362,18 @@ class AutoscalingSpec(ApiModel):
     )
     scale_to_zero: bool = Field(default=False, description="Allow minReplicas 0.")
 
-    model_config = ApiModel.model_config | {
-        "json_schema_extra": {
-            "x-kubernetes-validations": [
-                {
-                    "rule": "self.minReplicas <= self.maxReplicas",
-                    "message": "minReplicas must not exceed maxReplicas",
-                    "fieldPath": ".minReplicas",
-                },
-                {
-                    "rule": "self.scaleToZero || self.minReplicas >= 1",
-                    "message": "minReplicas 0 needs scaleToZero",
-                    "fieldPath": ".minReplicas",
-                },
-            ]
-        }
-    }
+    model_config = cel_rules(
+        {
+            "rule": "self.minReplicas <= self.maxReplicas",
+            "message": "minReplicas must not exceed maxReplicas",
+            "fieldPath": ".minReplicas",
+        },
+        {
+            "rule": "self.scaleToZero || self.minReplicas >= 1",
+            "message": "minReplicas 0 needs scaleToZero",
+            "fieldPath": ".minReplicas",
+        },
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> Self:
@@ -586,7 +566,7 @@ class InferenceServiceStatus(ApiModel):
 class ObjectMeta(ApiModel):
     """The parts of metadata the operator reads; everything else is kept as is."""
 
-    model_config = ApiModel.model_config | {"extra": "allow"}
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow")
 
     name: str = Field(pattern=DNS_LABEL_PATTERN, max_length=63)
     namespace: str | None = None

@@ -10,7 +10,7 @@ from typing import Literal, Self
 
 from pydantic import Field, model_validator
 
-from vllm_operator.models.base import ApiModel
+from vllm_operator.models.base import ApiModel, cel_rules
 
 MAX_TOKENS = 10_000_000
 
@@ -28,13 +28,7 @@ class LengthBucket(ApiModel):
         description="Relative weight of the bucket; weights need not add up to 100.",
     )
 
-    model_config = ApiModel.model_config | {
-        "json_schema_extra": {
-            "x-kubernetes-validations": [
-                {"rule": "self.min <= self.max", "message": "min must not exceed max"}
-            ]
-        }
-    }
+    model_config = cel_rules({"rule": "self.min <= self.max", "message": "min must not exceed max"})
 
     @model_validator(mode="after")
     def _ordered(self) -> Self:
@@ -112,9 +106,7 @@ class LengthDistribution(ApiModel):
         default=None, max_length=64, description="Weighted buckets for Buckets."
     )
 
-    model_config = ApiModel.model_config | {
-        "json_schema_extra": {"x-kubernetes-validations": _DISTRIBUTION_RULES}
-    }
+    model_config = cel_rules(*_DISTRIBUTION_RULES)
 
     @model_validator(mode="after")
     def _complete(self) -> Self:

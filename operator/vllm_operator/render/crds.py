@@ -279,7 +279,12 @@ def inference_benchmark_crd() -> Schema:
                 "type": "number",
                 "jsonPath": ".status.headline.sloAttainment",
             },
-            {"name": "Knee", "type": "number", "priority": 1, "jsonPath": ".status.kneeRatePerSecond"},
+            {
+                "name": "Knee",
+                "type": "number",
+                "priority": 1,
+                "jsonPath": ".status.kneeRatePerSecond",
+            },
             _AGE,
         ],
     )
@@ -300,7 +305,12 @@ def gpu_node_crd() -> Schema:
             {"name": "Product", "type": "string", "jsonPath": ".status.gpus[0].product"},
             {"name": "Interconnect", "type": "string", "jsonPath": ".status.interconnect"},
             {"name": "Power", "type": "string", "jsonPath": ".spec.power.policy"},
-            {"name": "Driver", "type": "string", "priority": 1, "jsonPath": ".status.driverVersion"},
+            {
+                "name": "Driver",
+                "type": "string",
+                "priority": 1,
+                "jsonPath": ".status.driverVersion",
+            },
             _AGE,
         ],
     )
