@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -50,6 +51,39 @@ def _cmd_crds(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_run(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from vllm_operator.settings import OperatorSettings
+
+    overrides = {
+        key: value
+        for key, value in {
+            "namespaces": args.namespace,
+            "kubeconfig": args.kubeconfig,
+            "default_image": args.default_image,
+            "resync_seconds": args.resync_seconds,
+            "metrics_port": args.metrics_port,
+            "health_port": args.health_port,
+            "log_format": args.log_format,
+        }.items()
+        if value is not None
+    }
+    try:
+        settings = OperatorSettings(**overrides)
+    except ValidationError as err:
+        print(f"vllm-operator run: invalid settings: {err}", file=sys.stderr)
+        return 2
+    from vllm_operator.handlers.operator import run
+
+    run(settings)
+    return 0
+
+
+# Components that bring their own subcommand: (name, module with add_parser()).
+_COMPONENTS = (("warmup", "vllm_operator.warmup.cli"),)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vllm-operator",
@@ -66,6 +100,26 @@ def build_parser() -> argparse.ArgumentParser:
         "--check", action="store_true", help="Only check the folder is current; exit 1 if not."
     )
     crds.set_defaults(func=_cmd_crds)
+
+    run = sub.add_parser(
+        "run",
+        help="Run the operator (settings from VLLM_OPERATOR_* variables; flags override).",
+    )
+    run.add_argument(
+        "--namespace",
+        action="append",
+        help="Watch only this namespace (repeatable); default: the whole cluster.",
+    )
+    run.add_argument("--kubeconfig", help="Kubeconfig file (default: KUBECONFIG, in-cluster).")
+    run.add_argument("--default-image", help="Serving image for services that name none.")
+    run.add_argument("--resync-seconds", type=float, help="Reconcile everything this often.")
+    run.add_argument("--metrics-port", type=int, help="Prometheus metrics port (0: off).")
+    run.add_argument("--health-port", type=int, help="Liveness port for /healthz (0: off).")
+    run.add_argument("--log-format", choices=["plain", "json"], help="Log line format.")
+    run.set_defaults(func=_cmd_run)
+
+    for _name, module in _COMPONENTS:
+        importlib.import_module(module).add_parser(sub)
     return parser
 
 

@@ -501,6 +501,23 @@ class Predictions(ApiModel):
     load_seconds: float | None = Field(default=None, description="Time to load the weights.")
 
 
+class PlannedPod(ApiModel):
+    """Pod settings the plan chose for each replica."""
+
+    shm_size: str | None = Field(default=None, description="Size of /dev/shm (quantity).")
+    cpus: int | None = Field(default=None, description="CPU cores per replica.")
+    memory: str | None = Field(
+        default=None, description="Host memory per replica, /dev/shm excluded (quantity)."
+    )
+    cpu_pinning: bool = Field(default=False, description="Exclusive cores (Guaranteed QoS).")
+    startup_seconds: int | None = Field(
+        default=None, description="Budget for the server to start (load weights, compile)."
+    )
+    interconnect: Literal["NVLink", "PCIe"] | None = Field(
+        default=None, description="Interconnect class the replica's GPUs must share."
+    )
+
+
 class EffectiveTuning(ApiModel):
     """The plan in force."""
 
@@ -512,6 +529,7 @@ class EffectiveTuning(ApiModel):
     arguments: list[EffectiveArgument] = Field(
         default_factory=list, description="Every vLLM argument with its value and reason."
     )
+    pod: PlannedPod | None = Field(default=None, description="Pod settings per replica.")
     predictions: Predictions | None = Field(default=None, description="Predicted capacity.")
     notes: list[str] = Field(default_factory=list, description="Warnings and remarks.")
 

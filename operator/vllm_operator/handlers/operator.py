@@ -1,0 +1,194 @@
+"""Kopf registration: watch events become keys on the work queue; nothing else happens here.
+
+Every InferenceService event, every event of an object carrying the inference-service
+label (Deployment, Service, PodDisruptionBudget, Pod), and a periodic resync add the
+owning InferenceService's key; the queue runs the one reconcile for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from typing import Any
+
+import kopf
+from prometheus_client import start_http_server
+
+from vllm_operator.constants import (
+    API_VERSION,
+    GROUP,
+    KIND_INFERENCE_SERVICE,
+    LABEL_SERVICE,
+    PLURAL_INFERENCE_SERVICE,
+    VERSION,
+)
+from vllm_operator.k8s.api import ApiError
+from vllm_operator.k8s.client import KubeClient, load_config
+from vllm_operator.metrics import CONDITIONS, RECONCILE_SECONDS, RECONCILES
+from vllm_operator.reconcile.inference_service import reconcile_inference_service
+from vllm_operator.reconcile.queue import WorkQueue
+from vllm_operator.settings import OperatorSettings
+
+log = logging.getLogger("vllm_operator")
+Key = tuple[str, str]
+
+
+def _settings(memo: Any) -> OperatorSettings:
+    settings: OperatorSettings = memo.settings
+    return settings
+
+
+@kopf.on.login()
+async def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
+    """Kopf's credentials from the same kubeconfig (or service account) as our client."""
+    api = await load_config(_settings(memo).kubeconfig)
+    cfg = api.configuration
+    await api.close()
+    token = (cfg.api_key or {}).get("authorization") or (cfg.api_key or {}).get("BearerToken")
+    if token and token.lower().startswith("bearer "):
+        token = token[7:]
+    return kopf.ConnectionInfo(
+        server=str(cfg.host),
+        ca_path=cfg.ssl_ca_cert,
+        insecure=not cfg.verify_ssl,
+        certificate_path=cfg.cert_file,
+        private_key_path=cfg.key_file,
+        token=token,
+        default_namespace="default",
+    )
+
+
+async def _work(memo: Any, key: Key) -> float | None:
+    namespace, name = key
+    api: KubeClient = memo.api
+    queue: WorkQueue[Key] = memo.queue
+    body = await api.get(API_VERSION, KIND_INFERENCE_SERVICE, name, namespace)
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        queue.forget(key)  # children go with it through garbage collection
+        return None
+    with RECONCILE_SECONDS.labels(KIND_INFERENCE_SERVICE).time():
+        try:
+            outcome = await reconcile_inference_service(api, body, settings=_settings(memo))
+        except ApiError as err:
+            RECONCILES.labels(KIND_INFERENCE_SERVICE, "retry" if err.transient else "error").inc()
+            delay = queue.backoff(key)
+            log.warning(
+                "Reconcile of InferenceService failed; retrying.",
+                extra={"object": f"{namespace}/{name}", "error": str(err), "delay": delay},
+            )
+            return delay
+    RECONCILES.labels(KIND_INFERENCE_SERVICE, "stalled" if outcome.stalled else "ok").inc()
+    CONDITIONS.labels(KIND_INFERENCE_SERVICE, namespace, name, "Ready", "True").set(
+        1 if outcome.ready else 0
+    )
+    queue.forget(key)
+    return None
+
+
+async def _resync(memo: Any) -> None:
+    """Every resync period, every InferenceService gets a reconcile (spread over the
+    period, so a thousand objects do not arrive at once)."""
+    settings = _settings(memo)
+    api: KubeClient = memo.api
+    while True:
+        await asyncio.sleep(settings.resync_seconds)
+        spaces: list[str | None] = list(settings.namespaces) or [None]
+        for ns in spaces:
+            try:
+                items = await api.list(API_VERSION, KIND_INFERENCE_SERVICE, ns)
+            except ApiError as err:
+                log.warning(
+                    "Listing InferenceServices for resync failed.", extra={"error": str(err)}
+                )
+                continue
+            for item in items:
+                meta = item["metadata"]
+                memo.queue.add(
+                    (meta["namespace"], meta["name"]),
+                    random.uniform(0, settings.resync_seconds / 2),
+                )
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    ours = _settings(memo)
+    # Kopf's own bookkeeping, should it ever need any, under our prefix; handler logs are
+    # not posted as Events (we record our own, on transitions only).
+    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=GROUP, key="last-handled-configuration"
+    )
+    settings.posting.enabled = False
+    # Reconnect watches regularly; a silently dead stream is then bounded in time.
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    if ours.metrics_port:
+        start_http_server(ours.metrics_port)
+    memo.api = KubeClient(await load_config(ours.kubeconfig))
+    memo.queue = WorkQueue[Key](max_delay=ours.max_retry_seconds)
+    memo.tasks = [
+        asyncio.create_task(memo.queue.run(lambda k: _work(memo, k), ours.workers)),
+        asyncio.create_task(_resync(memo)),
+    ]
+    log.info("Started the vllm-operator.", extra={"namespaces": ours.namespaces or "all"})
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    for task in getattr(memo, "tasks", []):
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    if hasattr(memo, "api"):
+        await memo.api.close()
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL_INFERENCE_SERVICE)
+async def inference_service_event(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
+    if namespace:
+        memo.queue.add((namespace, name))
+
+
+def _owner_event(body: kopf.Body, namespace: str | None, memo: Any) -> None:
+    owner = body.get("metadata", {}).get("labels", {}).get(LABEL_SERVICE)
+    if owner and namespace:
+        memo.queue.add((namespace, owner))
+
+
+@kopf.on.event("apps", "v1", "deployments", labels={LABEL_SERVICE: kopf.PRESENT})
+async def deployment_event(body: kopf.Body, namespace: str | None, memo: Any, **_: Any) -> None:
+    _owner_event(body, namespace, memo)
+
+
+@kopf.on.event("", "v1", "services", labels={LABEL_SERVICE: kopf.PRESENT})
+async def service_event(body: kopf.Body, namespace: str | None, memo: Any, **_: Any) -> None:
+    _owner_event(body, namespace, memo)
+
+
+@kopf.on.event("policy", "v1", "poddisruptionbudgets", labels={LABEL_SERVICE: kopf.PRESENT})
+async def pdb_event(body: kopf.Body, namespace: str | None, memo: Any, **_: Any) -> None:
+    _owner_event(body, namespace, memo)
+
+
+@kopf.on.event("", "v1", "pods", labels={LABEL_SERVICE: kopf.PRESENT})
+async def pod_event(body: kopf.Body, namespace: str | None, memo: Any, **_: Any) -> None:
+    _owner_event(body, namespace, memo)
+
+
+def run(settings: OperatorSettings) -> None:
+    """Run the operator until it is stopped (SIGINT/SIGTERM)."""
+    kopf.configure(
+        verbose=False,
+        log_format=kopf.LogFormat.JSON if settings.log_format == "json" else kopf.LogFormat.PLAIN,
+    )
+    liveness = f"http://0.0.0.0:{settings.health_port}/healthz" if settings.health_port else None
+    kopf.run(
+        standalone=True,
+        clusterwide=not settings.namespaces,
+        namespaces=settings.namespaces,
+        liveness_endpoint=liveness,
+        memo=kopf.Memo(settings=settings),
+    )

@@ -1,0 +1,66 @@
+"""The boundary between the operator and the Kubernetes API.
+
+Everything above this layer talks to Kubernetes through ``ClusterAPI`` alone; the unit
+tests drive the reconcile through a recording implementation of it (a boundary we own),
+the cluster tests through the real one against a real apiserver.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+Manifest = dict[str, Any]
+
+
+class ApiError(Exception):
+    """A failed API request, classified once: transient (retry later) or not."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+    @property
+    def transient(self) -> bool:
+        """429, 5xx and conflicts go away by themselves; 4xx others need a changed spec."""
+        return self.status == 429 or self.status >= 500 or self.status in (0, 409)
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+
+class ClusterAPI(Protocol):
+    async def get(
+        self, api_version: str, kind: str, name: str, namespace: str | None = None
+    ) -> Manifest | None:
+        """The object, or None when it does not exist."""
+        ...
+
+    async def list(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+    ) -> list[Manifest]:
+        """Objects of a kind (in a namespace, or cluster-wide when None)."""
+        ...
+
+    async def apply(self, manifest: Manifest, *, subresource: str | None = None) -> Manifest:
+        """Server-side apply under the operator's field manager, forcing ownership."""
+        ...
+
+    async def delete(
+        self, api_version: str, kind: str, name: str, namespace: str | None = None
+    ) -> None:
+        """Delete (background propagation); absent objects are fine."""
+        ...
+
+    async def event(
+        self, involved: Manifest, *, reason: str, message: str, warning: bool = False
+    ) -> None:
+        """Record an Event on an object."""
+        ...

@@ -1,0 +1,168 @@
+"""``ClusterAPI`` over kubernetes_asyncio, the async Kubernetes client.
+
+kubernetes_asyncio rather than the synchronous ``kubernetes`` package: Kopf runs handlers
+on an asyncio loop, and a synchronous client would block that loop (or need a thread pool)
+on every request. Only its configuration loading and HTTP plumbing are used; requests go
+to paths from a static table, with server-side apply for every write.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from vllm_operator.constants import FIELD_MANAGER
+from vllm_operator.k8s.api import ApiError, Manifest
+from vllm_operator.k8s.resources import resource_for
+
+log = logging.getLogger(__name__)
+_OBJECT: Final = {200: "object", 201: "object"}
+
+
+def _error(exc: ApiException) -> ApiError:
+    status = int(exc.status or 0)
+    reason, message = str(exc.reason or ""), str(exc.body or "")
+    try:
+        body = json.loads(message)
+        reason = body.get("reason", reason)
+        message = body.get("message", message)
+    except (ValueError, AttributeError):
+        pass
+    return ApiError(status, reason, message)
+
+
+async def load_config(kubeconfig: str | None = None) -> client.ApiClient:
+    """An API client from a kubeconfig file, else the in-cluster service account."""
+    configuration = client.Configuration()
+    try:
+        await config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    except config.ConfigException:
+        if kubeconfig:
+            raise
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    return client.ApiClient(configuration=configuration)
+
+
+class KubeClient:
+    """The real ``ClusterAPI``."""
+
+    def __init__(self, api_client: client.ApiClient, *, field_manager: str = FIELD_MANAGER):
+        self._api = api_client
+        self._field_manager = field_manager
+        self.requests = 0
+
+    async def close(self) -> None:
+        await self._api.close()
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: list[tuple[str, str]] | None = None,
+        body: Any = None,
+        content_type: str | None = None,
+    ) -> Any:
+        headers = {"Accept": "application/json"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        self.requests += 1
+        try:
+            return await self._api.call_api(
+                path,
+                method,
+                query_params=query or [],
+                header_params=headers,
+                body=body,
+                auth_settings=["BearerToken"],
+                response_types_map=_OBJECT,
+                _return_http_data_only=True,
+            )
+        except ApiException as exc:
+            raise _error(exc) from exc
+
+    async def get(
+        self, api_version: str, kind: str, name: str, namespace: str | None = None
+    ) -> Manifest | None:
+        path = resource_for(api_version, kind).path(namespace, name)
+        try:
+            obj: Manifest = await self._call("GET", path)
+        except ApiError as err:
+            if err.not_found:
+                return None
+            raise
+        return obj
+
+    async def list(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+    ) -> list[Manifest]:
+        query = [("labelSelector", label_selector)] if label_selector else []
+        result = await self._call(
+            "GET", resource_for(api_version, kind).path(namespace), query=query
+        )
+        items: list[Manifest] = result.get("items", [])
+        return items
+
+    async def apply(self, manifest: Manifest, *, subresource: str | None = None) -> Manifest:
+        meta = manifest["metadata"]
+        res = resource_for(manifest["apiVersion"], manifest["kind"])
+        path = res.path(meta.get("namespace"), meta["name"])
+        if subresource:
+            path += f"/{subresource}"
+        query = [("fieldManager", self._field_manager), ("force", "true")]
+        obj: Manifest = await self._call(
+            "PATCH", path, query=query, body=manifest, content_type="application/apply-patch+yaml"
+        )
+        return obj
+
+    async def delete(
+        self, api_version: str, kind: str, name: str, namespace: str | None = None
+    ) -> None:
+        path = resource_for(api_version, kind).path(namespace, name)
+        try:
+            await self._call("DELETE", path, body={"propagationPolicy": "Background"})
+        except ApiError as err:
+            if not err.not_found:
+                raise
+
+    async def event(
+        self, involved: Manifest, *, reason: str, message: str, warning: bool = False
+    ) -> None:
+        meta = involved["metadata"]
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        namespace = meta.get("namespace") or "default"
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": involved["apiVersion"],
+                "kind": involved["kind"],
+                "name": meta["name"],
+                "namespace": meta.get("namespace"),
+                "uid": meta.get("uid"),
+            },
+            "reason": reason,
+            "message": message,
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": self._field_manager},
+            "reportingComponent": self._field_manager,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            await self._call("POST", resource_for("v1", "Event").path(namespace), body=body)
+        except ApiError as err:
+            # An event is a courtesy; failing to record one must not fail the reconcile.
+            log.warning("Recording event failed.", extra={"reason": reason, "error": str(err)})

@@ -1,0 +1,37 @@
+"""Conditions that keep their lastTransitionTime while their status does not change."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+
+from vllm_operator.models.base import Condition, ConditionStatus
+
+
+def condition(
+    type_: str,
+    status: bool | ConditionStatus,
+    reason: str,
+    message: str,
+    *,
+    now: datetime,
+    generation: int | None,
+    previous: Iterable[Condition] = (),
+) -> Condition:
+    """A condition; its transition time is kept from ``previous`` when the status is the
+    same, so a status computed again and again does not look like a change."""
+    value: ConditionStatus = ("True" if status else "False") if isinstance(status, bool) else status
+    old = next((c for c in previous if c.type == type_), None)
+    since = old.last_transition_time if old is not None and old.status == value else now
+    return Condition(
+        type=type_,
+        status=value,
+        reason=reason,
+        message=message,
+        last_transition_time=since,
+        observed_generation=generation,
+    )
+
+
+def find(conditions: Iterable[Condition], type_: str) -> Condition | None:
+    return next((c for c in conditions if c.type == type_), None)

@@ -1,0 +1,262 @@
+"""The one reconcile of an InferenceService: level-based, the same on create, update,
+resume, drift and resync.
+
+gather (spec, nodes, secrets, children) → plan → find problems → render → apply what we
+own with server-side apply → compute the whole status → write it only if it changed →
+events only on transitions.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from pydantic import ValidationError
+
+from vllm_operator.constants import API_VERSION, GPU_RESOURCE, KIND_INFERENCE_SERVICE
+from vllm_operator.k8s.api import ApiError, ClusterAPI, Manifest
+from vllm_operator.models import InferenceService, InferenceServiceStatus
+from vllm_operator.models.inference_service import EffectiveTuning
+from vllm_operator.reconcile.conditions import condition, find
+from vllm_operator.reconcile.plan import plan_from_spec
+from vllm_operator.reconcile.status import Observed, Problem, compute_status
+from vllm_operator.render.deployment import build_deployment, gpus_per_replica
+from vllm_operator.render.meta import deployment_name, selector_string
+from vllm_operator.render.pdb import build_pdb
+from vllm_operator.render.service import build_service
+from vllm_operator.settings import OperatorSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a reconcile ended: ``stalled`` ones are not retried until something changes."""
+
+    ready: bool
+    stalled: bool
+
+
+def _node_matches(node: Manifest, isvc: InferenceService, tuning: EffectiveTuning) -> bool:
+    labels: dict[str, str] = node["metadata"].get("labels", {})
+    for key, value in isvc.spec.pod_template.node_selector.items():
+        if labels.get(key) != value:
+            return False
+    products = isvc.spec.gpu.products
+    if products and labels.get("nvidia.com/gpu.product") not in products:
+        return False
+    pod = tuning.pod
+    if pod is not None and pod.interconnect is not None:
+        wanted = pod.interconnect.lower()
+        if labels.get("inference.vllm-operator.dev/gpu-interconnect") != wanted:
+            return False
+    return not node.get("spec", {}).get("unschedulable", False)
+
+
+def _gpus(node: Manifest) -> int:
+    value = node.get("status", {}).get("allocatable", {}).get(GPU_RESOURCE, "0")
+    try:
+        return int(value)
+    except ValueError:
+        return 0
+
+
+async def find_problems(
+    api: ClusterAPI, isvc: InferenceService, tuning: EffectiveTuning, nodes: list[Manifest]
+) -> list[Problem]:
+    """What keeps the spec from being served, each with a reason a user can act on."""
+    problems: list[Problem] = []
+    ns = isvc.metadata.namespace
+    hf = isvc.spec.model.source.hugging_face
+    if hf is not None and hf.token_secret_ref is not None:
+        ref = hf.token_secret_ref
+        secret = await api.get("v1", "Secret", ref.name, ns)
+        if secret is None:
+            problems.append(
+                Problem(
+                    "SecretNotFound",
+                    f"Secret {ref.name} named in spec.model.source.huggingFace.tokenSecretRef "
+                    f"does not exist in namespace {ns}.",
+                )
+            )
+        elif ref.key not in (secret.get("data") or {}) | (secret.get("stringData") or {}):
+            problems.append(
+                Problem(
+                    "SecretKeyNotFound",
+                    f"Secret {ref.name} has no key {ref.key} "
+                    "(spec.model.source.huggingFace.tokenSecretRef.key).",
+                )
+            )
+    pvc = isvc.spec.model.source.pvc
+    if pvc is not None and await api.get("v1", "PersistentVolumeClaim", pvc.claim_name, ns) is None:
+        problems.append(
+            Problem(
+                "PersistentVolumeClaimNotFound",
+                f"PersistentVolumeClaim {pvc.claim_name} named in spec.model.source.pvc "
+                f"does not exist in namespace {ns}.",
+            )
+        )
+    need = gpus_per_replica(isvc, tuning)
+    if need > 0:
+        candidates = [n for n in nodes if _node_matches(n, isvc, tuning)]
+        if not any(_gpus(n) >= need for n in candidates):
+            most = max((_gpus(n) for n in candidates), default=0)
+            where = (
+                f" among nodes with products {', '.join(isvc.spec.gpu.products)}"
+                if isvc.spec.gpu.products
+                else ""
+            )
+            problems.append(
+                Problem(
+                    "NoNodeHasEnoughGPUs",
+                    f"A replica needs {need} GPUs on one node, but no schedulable node{where} "
+                    f"has that many allocatable (the most is {most}).",
+                )
+            )
+    return problems
+
+
+def _stored_status(body: Manifest) -> InferenceServiceStatus | None:
+    raw = body.get("status")
+    if not raw:
+        return None
+    try:
+        return InferenceServiceStatus.model_validate(raw)
+    except ValidationError:
+        return None  # written by an older version: recompute from scratch
+
+
+async def _write_status(api: ClusterAPI, body: Manifest, status: Manifest) -> None:
+    meta = body["metadata"]
+    await api.apply(
+        {
+            "apiVersion": API_VERSION,
+            "kind": KIND_INFERENCE_SERVICE,
+            "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+            "status": status,
+        },
+        subresource="status",
+    )
+
+
+async def _invalid(api: ClusterAPI, body: Manifest, err: ValidationError, now: datetime) -> None:
+    """A stored object the models reject (admission was bypassed or the CRD is older):
+    say so in status and stop; nothing is rendered from a spec we cannot read."""
+    meta = body["metadata"]
+    fields = "; ".join(
+        f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()[:5]
+    )
+    message = f"The spec is invalid: {fields}"
+    gen = meta.get("generation")
+    conds = [
+        condition("Ready", False, "InvalidSpec", message, now=now, generation=gen),
+        condition("Stalled", True, "InvalidSpec", message, now=now, generation=gen),
+        condition("Reconciling", False, "InvalidSpec", message, now=now, generation=gen),
+    ]
+    status = {
+        "observedGeneration": gen,
+        "conditions": [c.to_wire() for c in conds],
+    }
+    old = body.get("status") or {}
+    if [c.get("message") for c in old.get("conditions", [])] != [
+        c["message"] for c in status["conditions"]
+    ]:
+        await _write_status(api, body, status)
+        await api.event(body, reason="InvalidSpec", message=message, warning=True)
+
+
+async def _events(
+    api: ClusterAPI,
+    body: Manifest,
+    old: InferenceServiceStatus | None,
+    new: InferenceServiceStatus,
+) -> None:
+    """Events on transitions only: Ready changing, or a new reason to be Stalled."""
+    before = old.conditions if old else []
+    for type_ in ("Ready", "Stalled"):
+        was, now = find(before, type_), find(new.conditions, type_)
+        if now is None or (
+            was is not None and (was.status, was.reason) == (now.status, now.reason)
+        ):
+            continue
+        if type_ == "Stalled" and now.status != "True":
+            continue
+        if type_ == "Ready" and was is None and now.status != "True":
+            continue
+        await api.event(
+            body,
+            reason=now.reason,
+            message=now.message,
+            warning=type_ == "Stalled" or now.status != "True",
+        )
+
+
+async def reconcile_inference_service(
+    api: ClusterAPI,
+    body: Manifest,
+    *,
+    settings: OperatorSettings,
+    now: datetime | None = None,
+) -> Outcome:
+    """Bring one InferenceService's children and status to what its spec asks for."""
+    now = (now or datetime.now(UTC)).replace(microsecond=0)
+    try:
+        isvc = InferenceService.model_validate(body)
+    except ValidationError as err:
+        await _invalid(api, body, err, now)
+        return Outcome(ready=False, stalled=True)
+    ns = isvc.metadata.namespace
+    tuning = plan_from_spec(isvc)
+    nodes = await api.list("v1", "Node")
+    problems = await find_problems(api, isvc, tuning, nodes)
+    desired = isvc.spec.replicas
+
+    deployment: Manifest | None = None
+    children = (
+        build_service(isvc),
+        build_pdb(isvc),
+        build_deployment(
+            isvc, tuning, image=isvc.spec.image or settings.default_image, replicas=desired
+        ),
+    )
+    for child in children:
+        try:
+            applied = await api.apply(child)
+        except ApiError as err:
+            if err.transient:
+                raise
+            # The apiserver refused what we rendered (a value the CRD let through but the
+            # child's own validation does not): a spec problem, not something to retry.
+            problems.append(
+                Problem("ChildRejected", f"The apiserver rejected the {child['kind']}: {err}")
+            )
+            continue
+        if child["kind"] == "Deployment":
+            deployment = applied
+    if deployment is None:
+        deployment = await api.get("apps/v1", "Deployment", deployment_name(isvc), ns)
+    pods = await api.list("v1", "Pod", ns, label_selector=selector_string(isvc))
+
+    observed = Observed(
+        tuning=tuning,
+        desired_replicas=desired,
+        deployment=deployment,
+        pods=pods,
+        problems=problems,
+        warmup=isvc.status.warmup if isvc.status else None,
+    )
+    status = compute_status(isvc, observed, now=now)
+    old = _stored_status(body)
+    if old != status:
+        await _write_status(api, body, status.to_wire())
+        await _events(api, body, old, status)
+        log.info(
+            "Updated status of InferenceService.",
+            extra={
+                "object": f"{ns}/{isvc.metadata.name}",
+                "ready": find(status.conditions, "Ready").status,  # type: ignore[union-attr]
+            },
+        )
+    ready = find(status.conditions, "Ready")
+    return Outcome(ready=ready is not None and ready.status == "True", stalled=bool(problems))

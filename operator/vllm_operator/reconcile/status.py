@@ -1,0 +1,160 @@
+"""The InferenceService's status, computed as a whole from the spec and what was observed.
+
+Pure: no I/O, the clock passed in. The reconcile writes the result only when it differs
+from what is stored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from vllm_operator.constants import WARMED_UP_CONDITION
+from vllm_operator.models import InferenceService, InferenceServiceStatus
+from vllm_operator.models.inference_service import EffectiveTuning, WarmupStatus
+from vllm_operator.reconcile.conditions import condition
+from vllm_operator.render.meta import selector_string
+from vllm_operator.render.service import endpoint_url
+
+Manifest = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Why the spec cannot be satisfied as it stands (Stalled=True)."""
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the reconcile saw and decided, as input to the status."""
+
+    tuning: EffectiveTuning
+    desired_replicas: int
+    deployment: Manifest | None = None
+    pods: list[Manifest] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+    scale_down_blocked_by: str | None = None
+    warmup: WarmupStatus | None = None
+
+
+def _pod_condition(pod: Manifest, type_: str) -> bool:
+    return any(
+        c.get("type") == type_ and c.get("status") == "True"
+        for c in pod.get("status", {}).get("conditions", [])
+    )
+
+
+def _live(pods: list[Manifest]) -> list[Manifest]:
+    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+
+def _rollout(deployment: Manifest | None, desired: int) -> tuple[bool, int, str]:
+    """(complete, ready replicas, what is still going on)."""
+    if deployment is None:
+        return False, 0, "The Deployment does not exist yet."
+    meta, status = deployment["metadata"], deployment.get("status", {})
+    ready = int(status.get("readyReplicas", 0))
+    if int(status.get("observedGeneration", 0)) < int(meta.get("generation", 0)):
+        return False, ready, "The Deployment controller has not seen the latest change yet."
+    updated = int(status.get("updatedReplicas", 0))
+    total = int(status.get("replicas", 0))
+    available = int(status.get("availableReplicas", 0))
+    if updated < desired:
+        return False, ready, f"{updated} of {desired} replicas run the latest pod template."
+    if total > desired:
+        return False, ready, f"{total - desired} old replicas are still terminating."
+    if available < desired:
+        return False, ready, f"{ready} of {desired} replicas are ready."
+    return True, ready, f"{ready} of {desired} replicas are ready."
+
+
+def compute_status(
+    isvc: InferenceService, observed: Observed, *, now: datetime
+) -> InferenceServiceStatus:
+    """The whole status of ``isvc`` from what was observed."""
+    previous = isvc.status.conditions if isvc.status else []
+    gen = isvc.metadata.generation
+    desired = observed.desired_replicas
+    pods = _live(observed.pods)
+    complete, ready, progress = _rollout(observed.deployment, desired)
+    warmup_on = isvc.spec.warmup.enabled
+    warmed = sum(_pod_condition(p, WARMED_UP_CONDITION) for p in pods) if warmup_on else ready
+    stalled = observed.problems[0] if observed.problems else None
+
+    def cond(type_: str, status: bool, reason: str, message: str) -> Any:
+        return condition(type_, status, reason, message, now=now, generation=gen, previous=previous)
+
+    if stalled is not None:
+        ready_cond = cond("Ready", False, stalled.reason, stalled.message)
+    elif desired == 0 and complete:
+        ready_cond = cond("Ready", True, "ScaledToZero", "No replicas are wanted.")
+    elif complete:
+        ready_cond = cond("Ready", True, "AllReplicasReady", progress)
+    elif observed.deployment is None:
+        ready_cond = cond("Ready", False, "Creating", progress)
+    elif (
+        warmup_on
+        and ready < desired
+        and warmed < desired
+        and pods
+        and all(_pod_condition(p, "ContainersReady") for p in pods)
+    ):
+        ready_cond = cond(
+            "Ready", False, "WarmingUp", f"{warmed} of {desired} replicas are warmed up."
+        )
+    else:
+        ready_cond = cond("Ready", False, "RollingOut", progress)
+
+    conditions = [
+        ready_cond,
+        cond(
+            "Reconciling",
+            stalled is None and ready_cond.status != "True",
+            ready_cond.reason if ready_cond.status != "True" else "Reconciled",
+            progress if ready_cond.status != "True" else "Nothing left to do.",
+        ),
+        cond(
+            "Stalled",
+            stalled is not None,
+            stalled.reason if stalled else "NoProblems",
+            stalled.message if stalled else "The spec can be satisfied.",
+        ),
+        cond(
+            "WarmedUp",
+            (warmed >= desired) if warmup_on else True,
+            ("AllReplicasWarmedUp" if warmed >= desired else "WarmingUp")
+            if warmup_on
+            else "WarmupDisabled",
+            f"{warmed} of {desired} replicas are warmed up."
+            if warmup_on
+            else "Warmup is disabled; pods take traffic once /health answers.",
+        ),
+        cond(
+            "ScaleDownBlocked",
+            observed.scale_down_blocked_by is not None,
+            "BenchmarkRunning" if observed.scale_down_blocked_by else "NoBenchmarkRunning",
+            f"InferenceBenchmark {observed.scale_down_blocked_by} is running; replicas "
+            "will not go down until it ends."
+            if observed.scale_down_blocked_by
+            else "Replicas may go down.",
+        ),
+    ]
+    deployment_status = (observed.deployment or {}).get("status", {})
+    last_benchmark = isvc.status.last_benchmark if isvc.status else None
+    return InferenceServiceStatus(
+        observed_generation=gen,
+        conditions=conditions,
+        replicas=int(deployment_status.get("replicas", 0)),
+        desired_replicas=desired,
+        ready_replicas=ready,
+        warmed_replicas=warmed,
+        selector=selector_string(isvc),
+        endpoint=endpoint_url(isvc),
+        tuning=observed.tuning,
+        warmup=observed.warmup,
+        last_benchmark=last_benchmark,
+    )

@@ -1,0 +1,289 @@
+"""The Deployment that runs vLLM's OpenAI-compatible server for an InferenceService.
+
+The pod carries everything a tuned vLLM pod needs: the planned arguments, /dev/shm as a
+memory-backed volume counted in the memory limit, GPUs and placement by product and
+interconnect, optional exclusive cores, a startup budget derived from the model, the
+warmup readiness gate, and a drain on termination so rollouts and scale-down don't cut
+streaming responses.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Final
+
+from vllm_operator.constants import (
+    GPU_RESOURCE,
+    NODE_LABEL_GPU_INTERCONNECT,
+    NODE_LABEL_GPU_PRODUCT,
+    WARMED_UP_CONDITION,
+)
+from vllm_operator.models import InferenceService
+from vllm_operator.models.inference_service import EffectiveTuning, PlannedPod
+from vllm_operator.render.meta import (
+    SERVER_PORT,
+    SERVER_PORT_NAME,
+    Manifest,
+    child_metadata,
+    common_labels,
+    deployment_name,
+    selector_labels,
+)
+from vllm_operator.render.quantity import format_mebibytes, to_bytes
+
+CONTAINER: Final = "vllm"
+MODEL_MOUNT: Final = "/models"
+CACHE_MOUNT: Final = "/cache"
+DEFAULT_SHM: Final = "2Gi"
+DEFAULT_CPUS: Final = 4
+DEFAULT_MEMORY: Final = "16Gi"
+DEFAULT_STARTUP_SECONDS: Final = 900
+STARTUP_PERIOD_SECONDS: Final = 10
+# Endpoints controllers and proxies need a moment to stop sending to a terminating pod.
+PRESTOP_DELAY_SECONDS: Final = 5
+# vLLM's --shutdown-timeout: how long in-flight requests may finish after SIGTERM.
+DRAIN_SECONDS: Final = 60
+
+
+def served_model_name(isvc: InferenceService) -> str:
+    return isvc.spec.model.name or isvc.metadata.name
+
+
+def model_reference(isvc: InferenceService) -> str:
+    """What vLLM loads: a repo id or a local folder."""
+    source = isvc.spec.model.source
+    if source.hugging_face is not None:
+        return source.hugging_face.repo
+    if source.pvc is not None:
+        return (
+            MODEL_MOUNT + "/" + source.pvc.path.strip("/")
+            if source.pvc.path != "/"
+            else MODEL_MOUNT
+        )
+    assert source.image is not None  # the model validator guarantees exactly one
+    return source.image.path
+
+
+def gpus_per_replica(isvc: InferenceService, tuning: EffectiveTuning) -> int:
+    if tuning.gpus_per_replica is not None:
+        return tuning.gpus_per_replica
+    count = isvc.spec.gpu.count
+    return count if isinstance(count, int) else 1
+
+
+def vllm_args(isvc: InferenceService, tuning: EffectiveTuning) -> list[str]:
+    """The server's command-line arguments: what the operator owns, then the plan."""
+    args = [
+        model_reference(isvc),
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(SERVER_PORT),
+        "--served-model-name",
+        served_model_name(isvc),
+    ]
+    hf = isvc.spec.model.source.hugging_face
+    if hf is not None:
+        args += ["--revision", hf.revision]
+    for arg in tuning.arguments:
+        if arg.value == "true":
+            args.append(f"--{arg.name}")
+        elif arg.value == "false":
+            args.append(f"--no-{arg.name}")
+        else:
+            args += [f"--{arg.name}", arg.value]
+    return args
+
+
+def _env(isvc: InferenceService, pod: PlannedPod, cpus: int) -> list[Manifest]:
+    env: list[Manifest] = [
+        {"name": "VLLM_CACHE_ROOT", "value": f"{CACHE_MOUNT}/vllm"},
+        {"name": "HF_HOME", "value": f"{CACHE_MOUNT}/huggingface"},
+    ]
+    hf = isvc.spec.model.source.hugging_face
+    if hf is not None and hf.token_secret_ref is not None:
+        env.append(
+            {
+                "name": "HF_TOKEN",
+                "valueFrom": {
+                    "secretKeyRef": {
+                        "name": hf.token_secret_ref.name,
+                        "key": hf.token_secret_ref.key,
+                    }
+                },
+            }
+        )
+    if pod.cpu_pinning:
+        # Thread pools sized to the exclusive cores; more threads than cores only contend.
+        for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_RS_NUM_CPUS"):
+            env.append({"name": name, "value": str(cpus)})
+        env.append({"name": "TOKENIZERS_PARALLELISM", "value": "true"})
+    user = [e.to_wire() for e in isvc.spec.pod_template.env]
+    user_names = {e["name"] for e in user}
+    return [e for e in env if e["name"] not in user_names] + user
+
+
+def _resources(pod: PlannedPod, gpus: int, cpus: int) -> Manifest:
+    memory = to_bytes(pod.memory or DEFAULT_MEMORY)
+    shm = to_bytes(pod.shm_size or DEFAULT_SHM)
+    # A memory-backed emptyDir is charged to the pod's memory cgroup: the limit must hold
+    # the process's memory and /dev/shm together, or NCCL's buffers get the pod OOM-killed.
+    limit = format_mebibytes(memory + shm)
+    requests: Manifest = {"cpu": str(cpus), "memory": format_mebibytes(memory)}
+    limits: Manifest = {"memory": limit}
+    if pod.cpu_pinning:
+        # Guaranteed QoS with integer CPUs: the kubelet's static CPU manager then gives
+        # the container exclusive cores.
+        requests["memory"] = limit
+        limits["cpu"] = str(cpus)
+    if gpus:
+        requests[GPU_RESOURCE] = str(gpus)
+        limits[GPU_RESOURCE] = str(gpus)
+    return {"requests": requests, "limits": limits}
+
+
+def _affinity(isvc: InferenceService, pod: PlannedPod) -> Manifest | None:
+    expressions: list[Manifest] = []
+    if isvc.spec.gpu.products:
+        expressions.append(
+            {"key": NODE_LABEL_GPU_PRODUCT, "operator": "In", "values": isvc.spec.gpu.products}
+        )
+    if pod.interconnect is not None:
+        expressions.append(
+            {
+                "key": NODE_LABEL_GPU_INTERCONNECT,
+                "operator": "In",
+                "values": [pod.interconnect.lower()],
+            }
+        )
+    if not expressions:
+        return None
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": expressions}]
+            }
+        }
+    }
+
+
+def _probe(path: str, *, period: int, timeout: int, failures: int) -> Manifest:
+    return {
+        "httpGet": {"path": path, "port": SERVER_PORT_NAME},
+        "periodSeconds": period,
+        "timeoutSeconds": timeout,
+        "failureThreshold": failures,
+    }
+
+
+def _volumes(isvc: InferenceService, pod: PlannedPod) -> tuple[list[Manifest], list[Manifest]]:
+    volumes: list[Manifest] = [
+        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": pod.shm_size or DEFAULT_SHM}},
+        # Survives container restarts, so a crashed server reuses its compile cache.
+        {"name": "cache", "emptyDir": {}},
+    ]
+    mounts: list[Manifest] = [
+        {"name": "shm", "mountPath": "/dev/shm"},
+        {"name": "cache", "mountPath": CACHE_MOUNT},
+    ]
+    pvc = isvc.spec.model.source.pvc
+    if pvc is not None:
+        volumes.append(
+            {
+                "name": "model",
+                "persistentVolumeClaim": {"claimName": pvc.claim_name, "readOnly": True},
+            }
+        )
+        mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
+    return volumes, mounts
+
+
+def build_deployment(
+    isvc: InferenceService,
+    tuning: EffectiveTuning,
+    *,
+    image: str,
+    replicas: int,
+) -> Manifest:
+    """The vLLM Deployment for ``isvc`` under the plan ``tuning``.
+
+    ``image`` is the spec's image or the operator's default; ``replicas`` is what the
+    reconcile decided (the spec's, held up while a benchmark runs).
+    """
+    pod = tuning.pod or PlannedPod()
+    gpus = gpus_per_replica(isvc, tuning)
+    cpus = pod.cpus or isvc.spec.node.cpus or DEFAULT_CPUS
+    startup = pod.startup_seconds or DEFAULT_STARTUP_SECONDS
+    overlay = isvc.spec.pod_template
+    volumes, mounts = _volumes(isvc, pod)
+
+    container: Manifest = {
+        "name": CONTAINER,
+        "image": image,
+        "command": ["vllm", "serve"],
+        "args": [*vllm_args(isvc, tuning), "--shutdown-timeout", str(DRAIN_SECONDS)],
+        "ports": [{"name": SERVER_PORT_NAME, "containerPort": SERVER_PORT, "protocol": "TCP"}],
+        "env": _env(isvc, pod, cpus),
+        "resources": _resources(pod, gpus, cpus),
+        "volumeMounts": mounts,
+        "startupProbe": _probe(
+            "/health",
+            period=STARTUP_PERIOD_SECONDS,
+            timeout=5,
+            failures=max(3, math.ceil(startup / STARTUP_PERIOD_SECONDS)),
+        ),
+        "readinessProbe": _probe("/health", period=5, timeout=5, failures=3),
+        "livenessProbe": _probe("/health", period=15, timeout=10, failures=4),
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_DELAY_SECONDS)]}}},
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+
+    tolerations = [t.to_wire() for t in overlay.tolerations]
+    if gpus and not any(t.get("key") == GPU_RESOURCE for t in tolerations):
+        # GPU nodes are commonly tainted nvidia.com/gpu:NoSchedule to keep others off.
+        tolerations.append({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
+
+    pod_spec: Manifest = {
+        "containers": [container],
+        "volumes": volumes,
+        "tolerations": tolerations,
+        "terminationGracePeriodSeconds": PRESTOP_DELAY_SECONDS + DRAIN_SECONDS + 15,
+        "enableServiceLinks": False,
+    }
+    if overlay.node_selector:
+        pod_spec["nodeSelector"] = dict(overlay.node_selector)
+    affinity = _affinity(isvc, pod)
+    if affinity is not None:
+        pod_spec["affinity"] = affinity
+    if overlay.priority_class_name:
+        pod_spec["priorityClassName"] = overlay.priority_class_name
+    if overlay.service_account_name:
+        pod_spec["serviceAccountName"] = overlay.service_account_name
+    if isvc.spec.warmup.enabled:
+        pod_spec["readinessGates"] = [{"conditionType": WARMED_UP_CONDITION}]
+
+    pod_labels = {**overlay.labels, **common_labels(isvc, "server")}
+    pod_annotations = {
+        **overlay.annotations,
+        "kubectl.kubernetes.io/default-container": CONTAINER,
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": child_metadata(isvc, deployment_name(isvc), "server"),
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": selector_labels(isvc)},
+            "revisionHistoryLimit": 3,
+            # Keep serving capacity during rollouts: one extra replica at a time.
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+            },
+            "progressDeadlineSeconds": startup + 300,
+            "template": {
+                "metadata": {"labels": pod_labels, "annotations": pod_annotations},
+                "spec": pod_spec,
+            },
+        },
+    }

@@ -1,0 +1,82 @@
+"""Names, labels and owner references of the objects rendered for an InferenceService.
+
+Names are deterministic (a function of the InferenceService's name alone), so a restarted
+operator finds what it created instead of creating twins.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from vllm_operator.constants import (
+    API_VERSION,
+    FIELD_MANAGER,
+    KIND_INFERENCE_SERVICE,
+    LABEL_COMPONENT,
+    LABEL_INSTANCE,
+    LABEL_MANAGED_BY,
+    LABEL_NAME,
+    LABEL_SERVICE,
+)
+from vllm_operator.models import InferenceService
+
+Manifest = dict[str, Any]
+
+SERVER_PORT: Final = 8000
+SERVER_PORT_NAME: Final = "http"
+
+
+def deployment_name(isvc: InferenceService) -> str:
+    return isvc.metadata.name
+
+
+def service_name(isvc: InferenceService) -> str:
+    return isvc.metadata.name
+
+
+def pdb_name(isvc: InferenceService) -> str:
+    return isvc.metadata.name
+
+
+def selector_labels(isvc: InferenceService) -> dict[str, str]:
+    """The pods' selector: minimal and stable, since a Deployment's selector is immutable."""
+    return {LABEL_SERVICE: isvc.metadata.name}
+
+
+def selector_string(isvc: InferenceService) -> str:
+    """The selector in the string form the scale subresource reports."""
+    return ",".join(f"{k}={v}" for k, v in sorted(selector_labels(isvc).items()))
+
+
+def common_labels(isvc: InferenceService, component: str) -> dict[str, str]:
+    return {
+        LABEL_NAME: "vllm",
+        LABEL_INSTANCE: isvc.metadata.name,
+        LABEL_COMPONENT: component,
+        LABEL_MANAGED_BY: FIELD_MANAGER,
+        **selector_labels(isvc),
+    }
+
+
+def owner_reference(isvc: InferenceService) -> Manifest:
+    """Makes the InferenceService the controller of a child, so garbage collection
+    removes the child with it (no finalizer needed)."""
+    if not isvc.metadata.uid:
+        raise ValueError(f"InferenceService {isvc.metadata.name} has no uid yet")
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND_INFERENCE_SERVICE,
+        "name": isvc.metadata.name,
+        "uid": isvc.metadata.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def child_metadata(isvc: InferenceService, name: str, component: str) -> Manifest:
+    return {
+        "name": name,
+        "namespace": isvc.metadata.namespace,
+        "labels": common_labels(isvc, component),
+        "ownerReferences": [owner_reference(isvc)],
+    }

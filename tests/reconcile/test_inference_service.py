@@ -1,0 +1,148 @@
+"""The reconcile against a recording ClusterAPI: what it applies, writes and reports."""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from tests.fakes import RecordingCluster
+from tests.specs import BASE
+from vllm_operator.k8s.api import ApiError
+from vllm_operator.reconcile.inference_service import reconcile_inference_service
+from vllm_operator.settings import OperatorSettings
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+SETTINGS = OperatorSettings(default_image="registry.local/vllm:test")
+
+
+def _node(name: str, gpus: int, product: str = "NVIDIA GeForce RTX 4090") -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {"nvidia.com/gpu.product": product}},
+        "status": {"allocatable": {"nvidia.com/gpu": str(gpus)}},
+    }
+
+
+def _cluster(*nodes: dict[str, Any], **spec: Any) -> tuple[RecordingCluster, dict[str, Any]]:
+    api = RecordingCluster()
+    for node in nodes or (_node("gpu-a", 2),):
+        api.put(node)
+    body = copy.deepcopy(BASE)
+    body["spec"].update(spec)
+    api.put(body)
+    return api, body
+
+
+def _stored(api: RecordingCluster, body: dict[str, Any]) -> dict[str, Any]:
+    meta = body["metadata"]
+    return api.objects[(body["apiVersion"], body["kind"], meta["namespace"], meta["name"])]
+
+
+def _condition(api: RecordingCluster, body: dict[str, Any], type_: str) -> dict[str, Any]:
+    conds = _stored(api, body)["status"]["conditions"]
+    found: dict[str, Any] = next(c for c in conds if c["type"] == type_)
+    return found
+
+
+async def test_first_reconcile_applies_every_child_and_writes_status() -> None:
+    api, body = _cluster()
+    outcome = await reconcile_inference_service(api, body, settings=SETTINGS, now=NOW)
+    assert api.applied("Service") == ["chat"]
+    assert api.applied("PodDisruptionBudget") == ["chat"]
+    assert api.applied("Deployment") == ["chat"]
+    assert api.applied("InferenceService/status") == ["chat"]
+    dep = api.objects[("apps/v1", "Deployment", "team-a", "chat")]
+    assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.local/vllm:test"
+    assert _condition(api, body, "Ready")["reason"] == "RollingOut"
+    assert not outcome.ready and not outcome.stalled
+
+
+async def test_an_unchanged_status_is_not_written_again() -> None:
+    api, body = _cluster()
+    await reconcile_inference_service(api, body, settings=SETTINGS, now=NOW)
+    body = _stored(api, body)
+    api.calls.clear()
+    await reconcile_inference_service(api, body, settings=SETTINGS, now=NOW.replace(hour=13))
+    assert api.applied("InferenceService/status") == []
+
+
+async def test_a_missing_token_secret_stalls_with_the_secret_named() -> None:
+    api, body = _cluster(
+        model={
+            "source": {"huggingFace": {"repo": "org/model", "tokenSecretRef": {"name": "hf-token"}}}
+        }
+    )
+    outcome = await reconcile_inference_service(api, body, settings=SETTINGS, now=NOW)
+    stalled = _condition(api, body, "Stalled")
+    assert outcome.stalled
+    assert stalled["status"] == "True" and stalled["reason"] == "SecretNotFound"
+    assert "hf-token" in stalled["message"]
+    assert [e[0] for e in api.events] == ["SecretNotFound"]
+
+
+async def test_too_few_gpus_on_every_node_stalls() -> None:
+    api, body = _cluster(_node("small", 1), gpu={"count": 4})
+    outcome = await reconcile_inference_service(api, body, settings=SETTINGS, now=NOW)
+    stalled = _condition(api, body, "Stalled")
+    assert outcome.stalled and stalled["reason"] == "NoNodeHasEnoughGPUs"
+    assert "4 GPUs" in stalled["message"] and "most is 1" in stalled["message"]
+
+
+async def test_a_product_no_node_has_stalls() -> None:
+    api, body = _cluster(_node("a", 8), gpu={"count": 1, "products": ["NVIDIA H200"]})
+    await reconcile_inference_service(api, body, settings=SETTINGS, now=NOW)
+    assert _condition(api, body, "Stalled")["reason"] == "NoNodeHasEnoughGPUs"
+
+
+async def test_stalled_events_are_not_repeated_on_the_next_reconcile() -> None:
+    api, body = _cluster(_node("small", 1), gpu={"count": 4})
+    await reconcile_inference_service(api, body, settings=SETTINGS, now=NOW)
+    await reconcile_inference_service(api, _stored(api, body), settings=SETTINGS, now=NOW)
+    assert [e[0] for e in api.events] == ["NoNodeHasEnoughGPUs"]
+
+
+async def test_a_child_the_apiserver_rejects_stalls_instead_of_retrying() -> None:
+    api, body = _cluster()
+    api.fail[("apply", "Deployment")] = ApiError(422, "Invalid", "spec.template: bad")
+    outcome = await reconcile_inference_service(api, body, settings=SETTINGS, now=NOW)
+    assert outcome.stalled
+    assert _condition(api, body, "Stalled")["reason"] == "ChildRejected"
+
+
+async def test_a_transient_error_is_raised_for_the_queue_to_retry() -> None:
+    api, body = _cluster()
+    api.fail[("apply", "Deployment")] = ApiError(503, "ServiceUnavailable", "etcd leader lost")
+    with pytest.raises(ApiError) as err:
+        await reconcile_inference_service(api, body, settings=SETTINGS, now=NOW)
+    assert err.value.transient
+
+
+async def test_an_invalid_stored_object_is_reported_not_rendered() -> None:
+    api, body = _cluster(replicas=-3)
+    outcome = await reconcile_inference_service(api, body, settings=SETTINGS, now=NOW)
+    assert outcome.stalled
+    assert api.applied("Deployment") == []
+    stalled = _condition(api, body, "Stalled")
+    assert stalled["reason"] == "InvalidSpec" and "replicas" in stalled["message"]
+
+
+async def test_ready_once_the_deployment_reports_ready_replicas() -> None:
+    api, body = _cluster(warmup={"enabled": False})
+    await reconcile_inference_service(api, body, settings=SETTINGS, now=NOW)
+    key = ("apps/v1", "Deployment", "team-a", "chat")
+    api.objects[key]["metadata"]["generation"] = 1
+    api.objects[key]["status"] = {
+        "observedGeneration": 1,
+        "replicas": 1,
+        "updatedReplicas": 1,
+        "readyReplicas": 1,
+        "availableReplicas": 1,
+    }
+    outcome = await reconcile_inference_service(api, _stored(api, body), settings=SETTINGS, now=NOW)
+    assert outcome.ready
+    assert _condition(api, body, "Ready")["status"] == "True"
+    assert ("AllReplicasReady", "1 of 1 replicas are ready.", False) in api.events

@@ -1,0 +1,46 @@
+"""The rendered children of representative InferenceServices, pinned as golden YAML.
+
+Set UPDATE_GOLDEN=1 to rewrite the files after an intended change, then review the diff.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.specs import GOLDEN_CASES, isvc
+from vllm_operator.reconcile.plan import plan_from_spec
+from vllm_operator.render.deployment import build_deployment
+from vllm_operator.render.pdb import build_pdb
+from vllm_operator.render.service import build_service
+
+GOLDEN = Path(__file__).parents[1] / "golden"
+
+
+def _render(case: str) -> str:
+    svc = isvc(**GOLDEN_CASES[case])
+    plan = plan_from_spec(svc)
+    docs = [
+        build_deployment(svc, plan, image="vllm/vllm-openai:v0.11.0", replicas=svc.spec.replicas),
+        build_service(svc),
+        build_pdb(svc),
+    ]
+    return yaml.safe_dump_all(docs, sort_keys=True)
+
+
+@pytest.mark.parametrize("case", sorted(GOLDEN_CASES))
+def test_rendered_children_match_the_golden_file(case: str) -> None:
+    path = GOLDEN / f"{case}.yaml"
+    text = _render(case)
+    if os.environ.get("UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert path.exists(), f"no golden file {path.name}; run with UPDATE_GOLDEN=1"
+    assert text == path.read_text(), f"{case} renders differently from {path.name}"
+
+
+def test_rendering_is_deterministic() -> None:
+    for case in GOLDEN_CASES:
+        assert _render(case) == _render(case)
