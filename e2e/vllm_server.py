@@ -124,6 +124,23 @@ def tiny_model(name: str = "tiny-llama", *, python: Path | None = None) -> Path:
     return Path(done.stdout.strip().splitlines()[-1])
 
 
+def live_group_members(pgid: int) -> list[int]:
+    """PIDs in process group ``pgid`` that have not exited (zombies excluded; Linux /proc)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            members.append(int(entry.name))
+    return members
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
@@ -288,9 +305,13 @@ class VllmServer:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
                 process.wait(timeout=10)
-        # Workers that outlived the leader are still in the group.
+        # Workers that outlived the leader are still in the group; wait until none runs, so
+        # the next server does not start while the last one still holds the cores.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(process.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while live_group_members(process.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def __enter__(self) -> VllmServer:
         return self.start()

@@ -131,6 +131,8 @@ def run_from_args(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(message)s",
         stream=sys.stderr,
     )
+    # One line per HTTP request drowns the step lines.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         options = WarmupOptions(
             endpoint=args.endpoint,

@@ -1,0 +1,140 @@
+"""A small OpenAI-compatible server on 127.0.0.1 whose misbehaviour the tests choose.
+
+It is a boundary we own (the HTTP API warmup speaks), not a model of vLLM's internals: it
+answers ``/health``, ``/v1/models``, ``/tokenize``, ``/v1/completions`` and
+``/v1/chat/completions`` (streaming or not) and records what it received. It runs in its
+own thread and event loop so that synchronous tests (the CLI calls ``asyncio.run``) can use
+it as well as async ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+
+@dataclass
+class Received:
+    path: str
+    stream: bool
+    words: int
+    max_tokens: int
+
+
+@dataclass
+class Behaviour:
+    health_status: int = 200
+    # Seconds before the first token, given the 0-based index of the generation request.
+    ttft: Callable[[int], float] = lambda _n: 0.0
+    # HTTP status for generation requests (200: answer normally).
+    generate_status: int = 200
+    models_status: int = 200
+    max_model_len: int = 256
+    output_tokens: int = 4
+
+
+@dataclass
+class FakeOpenAI:
+    behaviour: Behaviour = field(default_factory=Behaviour)
+    received: list[Received] = field(default_factory=list)
+    health_checks: int = 0
+
+    def __post_init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> FakeOpenAI:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=10)
+        return self
+
+    def stop(self) -> None:
+        if self._runner is not None:
+            future = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)
+            future.result(timeout=10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+
+    async def _start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/tokenize", self._tokenize)
+        app.router.add_post("/v1/completions", self._generate)
+        app.router.add_post("/v1/chat/completions", self._generate)
+        # A slow handler must not hold up the test's teardown.
+        self._runner = web.AppRunner(app, shutdown_timeout=0.1)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+
+    async def _health(self, _request: web.Request) -> web.Response:
+        self.health_checks += 1
+        return web.Response(status=self.behaviour.health_status)
+
+    async def _models(self, _request: web.Request) -> web.Response:
+        if self.behaviour.models_status != 200:
+            return web.Response(status=self.behaviour.models_status, text="models broken")
+        data = {"data": [{"id": "fake-model", "max_model_len": self.behaviour.max_model_len}]}
+        return web.json_response(data)
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        return web.json_response({"count": len(str(body["prompt"]).split())})
+
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
+        body: dict[str, Any] = await request.json()
+        chat = request.path.endswith("/chat/completions")
+        text = body["messages"][-1]["content"] if chat else body["prompt"]
+        index = len(self.received)
+        self.received.append(
+            Received(
+                path=request.path,
+                stream=bool(body.get("stream")),
+                words=len(str(text).split()),
+                max_tokens=int(body["max_tokens"]),
+            )
+        )
+        if self.behaviour.generate_status != 200:
+            return web.json_response(
+                {"error": {"message": "engine broken", "code": self.behaviour.generate_status}},
+                status=self.behaviour.generate_status,
+            )
+        await asyncio.sleep(self.behaviour.ttft(index))
+        n = self.behaviour.output_tokens
+        usage = {"prompt_tokens": len(str(text).split()), "completion_tokens": n}
+        if not body.get("stream"):
+            choice: dict[str, Any] = (
+                {"message": {"role": "assistant", "content": "x" * n}}
+                if chat
+                else {"text": "x" * n}
+            )
+            return web.json_response({"choices": [choice], "usage": usage})
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        if chat:
+            await _event(response, {"choices": [{"delta": {"role": "assistant", "content": ""}}]})
+        for _ in range(n):
+            piece = {"delta": {"content": "x"}} if chat else {"text": "x"}
+            await _event(response, {"choices": [piece]})
+        await _event(response, {"choices": [], "usage": usage})
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+
+async def _event(response: web.StreamResponse, data: dict[str, Any]) -> None:
+    await response.write(f"data: {json.dumps(data)}\n\n".encode())
