@@ -1,0 +1,63 @@
+"""The tuner: model + GPUs + workload + profile -> vLLM settings, each with a reason.
+
+A pure library (no Kubernetes, no I/O, no clock): the reconcile calls
+:func:`plan_service` with the InferenceService's spec and the candidate nodes' GPU
+profiles, and gets back a :class:`Plan` (turn it into status with
+:meth:`Plan.effective_tuning`), a :class:`DoesNotFit` verdict (set ``Stalled`` with its
+``reason`` and ``message``; never deploy), or :class:`SpecOnly` when the model's shape is
+unknown. ``vllm-operator tune`` (:mod:`vllm_operator.tuning.cli`) runs the same planner
+offline.
+
+Modules: :mod:`.architecture` (model shapes from config.json or the spec),
+:mod:`.catalog` (well-known models, offline), :mod:`.quantization` (weight formats and
+kernels), :mod:`.gpus` (GPU catalog and node profiles), :mod:`.workload` (length
+statistics), :mod:`.memory` (vLLM's memory budget and KV cache), :mod:`.performance`
+(decode roofline, load time), :mod:`.plan` (the planner), :mod:`.args` (arguments,
+overrides, command line).
+"""
+
+from vllm_operator.tuning.architecture import Architecture, ArchitectureError
+from vllm_operator.tuning.args import Setting, command_args
+from vllm_operator.tuning.gpus import (
+    GPUProfile,
+    profile_from_gpu_node,
+    profile_from_labels,
+    profile_from_product,
+)
+from vllm_operator.tuning.plan import (
+    DoesNotFit,
+    FitOption,
+    ModelInput,
+    Plan,
+    PodPlan,
+    SpecOnly,
+    TuningResult,
+    plan,
+    plan_service,
+    resolve_model,
+    spec_only,
+)
+from vllm_operator.tuning.quantization import WeightFormat
+
+__all__ = [
+    "Architecture",
+    "ArchitectureError",
+    "DoesNotFit",
+    "FitOption",
+    "GPUProfile",
+    "ModelInput",
+    "Plan",
+    "PodPlan",
+    "Setting",
+    "SpecOnly",
+    "TuningResult",
+    "WeightFormat",
+    "command_args",
+    "plan",
+    "plan_service",
+    "profile_from_gpu_node",
+    "profile_from_labels",
+    "profile_from_product",
+    "resolve_model",
+    "spec_only",
+]

@@ -1,0 +1,506 @@
+"""``vllm-operator tune``: plan a model on a GPU shape offline and explain every setting.
+
+Examples::
+
+    vllm-operator tune meta-llama/Llama-3.1-70B-Instruct --gpu H100-80GB --count 8 \\
+        --interconnect nvlink --prompt-p50 800 --prompt-p99 3000 --output-max 1024 \\
+        --peak-concurrency 64
+    vllm-operator tune ./my-model/ --gpu RTX-4090 --count 2 --interconnect pcie
+    vllm-operator tune TheBloke/Llama-2-7B-GPTQ --gpu RTX-3090 -o args
+    vllm-operator tune Llama-2-7B --gpu-node gpunode.yaml --set max-model-len=2048 -o yaml
+    vllm-operator tune --service isvc.yaml --gpu L40S
+
+The model is a folder holding ``config.json``, a ``config.json`` file, or a name from the
+built-in catalog (repository ids and their -Instruct/-GPTQ/-AWQ variants). The GPUs are a
+product and count (``--gpu``, ``--count``, ``--interconnect``) or a GPUNode manifest whose
+status the node agent wrote (``--gpu-node``). Lengths are given as percentiles or maxima:
+p50 and p99 make a log-normal distribution, p50 and max a log-normal clamped at max, max
+alone a uniform one, p50 alone a fixed length.
+
+Nothing is downloaded and nothing is written; the command is pure computation over its
+inputs. Exit status: 0 a plan fits, 1 nothing fits (or the model's shape is unknown),
+2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from statistics import NormalDist
+from typing import Any, Final, TextIO
+
+import yaml
+from pydantic import ValidationError
+
+from vllm_operator.models.gpu_node import GPUNode
+from vllm_operator.models.inference_service import (
+    HuggingFaceSource,
+    ImageSource,
+    InferenceService,
+    InferenceServiceSpec,
+    ModelSource,
+    ModelSpec,
+    NodeSpec,
+    Quantization,
+    QuantizationMethod,
+    TuningSpec,
+)
+from vllm_operator.models.workload import SLO, LengthDistribution, Workload
+from vllm_operator.tuning import catalog, gpus
+from vllm_operator.tuning.architecture import ArchitectureError
+from vllm_operator.tuning.plan import (
+    DoesNotFit,
+    ModelInput,
+    Plan,
+    SpecOnly,
+    TuningResult,
+    plan,
+    resolve_model,
+    spec_only,
+)
+
+__all__ = ["add_parser", "configure", "main", "run_from_args"]
+
+EXIT_OK: Final = 0
+EXIT_DOES_NOT_FIT: Final = 1
+EXIT_USAGE: Final = 2
+
+_Z99: Final = NormalDist().inv_cdf(0.99)
+_Z999: Final = NormalDist().inv_cdf(0.999)
+
+
+class InputError(ValueError):
+    """A flag or file the command cannot use; the message says which and why."""
+
+
+def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add ``tune``'s arguments to ``parser``."""
+    parser.add_argument(
+        "model",
+        nargs="?",
+        help="model folder with config.json, a config.json file, or a catalog name "
+        f"({', '.join(catalog.names())})",
+    )
+    parser.add_argument(
+        "--service",
+        "-f",
+        metavar="FILE",
+        help="an InferenceService manifest: its model, workload, SLO, tuning and node settings",
+    )
+    hw = parser.add_argument_group("GPUs")
+    hw.add_argument("--gpu", help=f"GPU product ({', '.join(gpus.names())}, or a node label)")
+    hw.add_argument("--count", type=int, default=1, help="GPUs on the node (default: 1)")
+    hw.add_argument(
+        "--interconnect",
+        help="nvlink, pcie (through a host bridge), or pix/pxb/phb/node/sys "
+        "(default: nvlink for NVLink parts, else pcie)",
+    )
+    hw.add_argument("--gpu-memory", type=int, metavar="MIB", help="memory per GPU, MiB")
+    hw.add_argument("--gpu-node", metavar="FILE", help="a GPUNode manifest (uses its status)")
+    hw.add_argument("--gpus-per-replica", default="auto", help="GPUs per replica: auto or a number")
+    m = parser.add_argument_group("model")
+    m.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
+    m.add_argument(
+        "--quantization",
+        choices=["none", "gptq", "awq", "fp8", "bitsandbytes", "gguf", "compressed-tensors"],
+        help="how the checkpoint is quantized (default: from config.json or the name)",
+    )
+    m.add_argument("--bits", type=int, help="bits per weight (GPTQ, AWQ, GGUF)")
+    m.add_argument("--group-size", type=int, help="quantization group size")
+    w = parser.add_argument_group("workload (tokens)")
+    for which in ("prompt", "output"):
+        for stat in ("p50", "p99", "max"):
+            w.add_argument(f"--{which}-{stat}", type=int, metavar="N")
+    w.add_argument("--peak-concurrency", type=int, metavar="N", help="requests in flight")
+    w.add_argument("--replicas", type=int, default=1, help="replicas sharing the peak")
+    w.add_argument("--ttft-p99-ms", type=int, metavar="MS", help="TTFT P99 objective")
+    w.add_argument("--tpot-p99-ms", type=int, metavar="MS", help="TPOT P99 objective")
+    t = parser.add_argument_group("tuning")
+    t.add_argument(
+        "--profile", choices=["Balanced", "Latency", "Throughput", "FastStart"], default=None
+    )
+    t.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a vLLM argument override, name without dashes (repeatable; always wins)",
+    )
+    t.add_argument("--cpu-pinning", action="store_true", help="exclusive cores")
+    t.add_argument("--shm-size", help="/dev/shm size (default: planned)")
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=["table", "yaml", "json", "args"],
+        default="table",
+        help="table (default), yaml or json (machine-readable), args (the vLLM command line)",
+    )
+    parser.set_defaults(func=run_from_args)
+    return parser
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``tune`` on a parent CLI's ``add_subparsers()`` object."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "tune",
+        help="Plan vLLM settings for a model on given GPUs, offline, with a reason for each.",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    return configure(parser)
+
+
+# --- inputs ---------------------------------------------------------------------------------
+
+
+def _distribution(
+    p50: int | None, p99: int | None, top: int | None, what: str
+) -> LengthDistribution | None:
+    if p50 is None and p99 is None and top is None:
+        return None
+    if p50 is None:
+        if p99 is not None:
+            raise InputError(f"--{what}-p99 needs --{what}-p50")
+        assert top is not None
+        return LengthDistribution(type="Uniform", min=1, max=top)
+    if p99 is not None:
+        if p99 < p50:
+            raise InputError(f"--{what}-p99 is below --{what}-p50")
+        sigma = max(1e-3, math.log(p99 / p50) / _Z99)
+        return LengthDistribution(type="LogNormal", median=p50, sigma=sigma, max=top)
+    if top is not None:
+        if top < p50:
+            raise InputError(f"--{what}-max is below --{what}-p50")
+        sigma = max(1e-3, math.log(top / p50) / _Z999)
+        return LengthDistribution(type="LogNormal", median=p50, sigma=sigma, max=top)
+    return LengthDistribution(type="Fixed", value=p50)
+
+
+def _overrides(pairs: Sequence[str]) -> dict[str, str]:
+    result: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        key = key.strip().lstrip("-")
+        if not sep or not key:
+            raise InputError(f"--set {pair!r}: expected KEY=VALUE")
+        result[key] = value.strip()
+    return result
+
+
+def _read_yaml(path: str) -> Any:
+    try:
+        return yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise InputError(f"cannot read {path}: {exc}") from exc
+
+
+def _load_config(model: str) -> dict[str, Any] | None:
+    """config.json from a folder or file path; None when ``model`` is not a path."""
+    path = Path(model)
+    if path.is_dir():
+        path = path / "config.json"
+    elif not (path.is_file() and path.suffix == ".json"):
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InputError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise InputError(f"{path} is not a JSON object")
+    return data
+
+
+def _model_spec(args: argparse.Namespace, base: ModelSpec | None) -> tuple[ModelSpec, str]:
+    name = args.model
+    if base is None and not name:
+        raise InputError("give a model (folder, config.json or catalog name) or --service")
+    if base is None:
+        is_path = Path(name).exists()
+        source = (
+            ModelSource(image=ImageSource(path="/model"))
+            if is_path or "/" not in name
+            else ModelSource(hugging_face=HuggingFaceSource(repo=name))
+        )
+        label = Path(name).resolve().name if is_path else name
+        base = ModelSpec(name=label[:200], source=source)
+    updates: dict[str, Any] = {}
+    if args.dtype != "auto":
+        updates["dtype"] = args.dtype
+    if args.quantization is not None:
+        method: QuantizationMethod = {  # type: ignore[assignment]
+            "none": "None",
+            "gptq": "GPTQ",
+            "awq": "AWQ",
+            "fp8": "FP8",
+            "bitsandbytes": "BitsAndBytes",
+            "gguf": "GGUF",
+            "compressed-tensors": "CompressedTensors",
+        }[args.quantization]
+        bits = args.bits or (4 if method in ("GPTQ", "AWQ") else None)
+        updates["quantization"] = Quantization(
+            method=method,
+            bits=bits,
+            group_size=args.group_size or (128 if method in ("GPTQ", "AWQ") else None),
+        )
+    return base.model_copy(update=updates), name or base.name or "model"
+
+
+def _gpu_profile(args: argparse.Namespace) -> gpus.GPUProfile:
+    if args.gpu_node:
+        data = _read_yaml(args.gpu_node)
+        try:
+            node = GPUNode.model_validate(data)
+        except ValidationError as exc:
+            raise InputError(f"{args.gpu_node} is not a GPUNode: {exc}") from exc
+        profile = (
+            gpus.profile_from_gpu_node(node.status, node=node.metadata.name)
+            if node.status
+            else None
+        )
+        if profile is None:
+            raise InputError(f"{args.gpu_node}: its status lists no GPUs")
+        return profile
+    if not args.gpu:
+        raise InputError("give --gpu PRODUCT (with --count, --interconnect) or --gpu-node FILE")
+    if args.count < 1 or args.count > 64:
+        raise InputError("--count must be between 1 and 64")
+    try:
+        return gpus.profile_from_product(
+            args.gpu, args.count, interconnect=args.interconnect, memory_mib=args.gpu_memory
+        )
+    except ValueError as exc:
+        raise InputError(f"{exc} (known: {', '.join(gpus.names())}; or give --gpu-memory)") from exc
+
+
+def tune(args: argparse.Namespace) -> tuple[TuningResult, ModelInput | None]:
+    """Run the planner on parsed arguments (no printing)."""
+    service = None
+    if args.service:
+        try:
+            service = InferenceService.model_validate(_read_yaml(args.service))
+        except ValidationError as exc:
+            raise InputError(f"{args.service} is not an InferenceService: {exc}") from exc
+    spec = service.spec if service else None
+    model_spec, name = _model_spec(args, spec.model if spec else None)
+    config = _load_config(args.model) if args.model else None
+    profile = _gpu_profile(args)
+    base_workload = spec.workload if spec else Workload()
+    prompt = _distribution(args.prompt_p50, args.prompt_p99, args.prompt_max, "prompt")
+    output = _distribution(args.output_p50, args.output_p99, args.output_max, "output")
+    workload = Workload(
+        prompt_tokens=prompt or base_workload.prompt_tokens,
+        output_tokens=output or base_workload.output_tokens,
+        peak_concurrency=args.peak_concurrency or base_workload.peak_concurrency,
+    )
+    base_tuning = spec.tuning if spec else TuningSpec()
+    tuning = TuningSpec(
+        profile=args.profile or base_tuning.profile,
+        overrides={**base_tuning.overrides, **_overrides(args.overrides)},
+    )
+    base_node = spec.node if spec else NodeSpec()
+    node = base_node.model_copy(
+        update={
+            "cpu_pinning": args.cpu_pinning or base_node.cpu_pinning,
+            **({"shm_size": args.shm_size} if args.shm_size else {}),
+        }
+    )
+    slo = SLO(
+        ttft_p99_milliseconds=args.ttft_p99_ms
+        or (spec.slo.ttft_p99_milliseconds if spec else None),
+        tpot_p99_milliseconds=args.tpot_p99_ms
+        or (spec.slo.tpot_p99_milliseconds if spec else None),
+    )
+    count: int | str = args.gpus_per_replica
+    if count != "auto":
+        if not str(count).isdigit() or not 1 <= int(count) <= 16:
+            raise InputError("--gpus-per-replica must be auto or a number from 1 to 16")
+        count = int(count)
+    elif spec is not None:
+        count = spec.gpu.count
+    try:
+        model = resolve_model(model_spec, config=config, fallback_name=name)
+    except ArchitectureError as exc:  # pragma: no cover - resolve_model swallows these
+        raise InputError(str(exc)) from exc
+    if model is None:
+        if config is not None:
+            raise InputError(f"{args.model}: config.json lacks the shape the tuner needs")
+        result = spec_only(
+            InferenceServiceSpec(model=model_spec, tuning=tuning),
+            f"{name} is not a folder with config.json nor in the catalog "
+            f"({', '.join(catalog.names())})",
+        )
+        return result, None
+    replicas = args.replicas if args.replicas != 1 or spec is None else spec.replicas
+    planned = plan(
+        model,
+        profile,
+        workload=workload,
+        slo=slo,
+        tuning=tuning,
+        node=node,
+        dtype=model_spec.dtype,
+        gpu_count=count,  # type: ignore[arg-type]
+        replicas=replicas,
+    )
+    return planned, model
+
+
+# --- output ---------------------------------------------------------------------------------
+
+
+def _document(result: TuningResult, model: ModelInput | None) -> dict[str, Any]:
+    doc: dict[str, Any] = {"result": result.kind}
+    if model is not None:
+        doc["model"] = {
+            "name": model.name,
+            "from": model.origin,
+            "architecture": model.architecture.describe(),
+            "weights": model.weight_format.describe(),
+        }
+    if isinstance(result, Plan):
+        doc["gpus"] = {
+            "node": result.gpu.describe(),
+            "perReplica": result.gpus_per_replica,
+            "indices": list(result.gpu_indices),
+            "link": result.link,
+            "replicasPerNode": result.replicas_per_node,
+        }
+        doc["tuning"] = result.effective_tuning().to_wire()
+        doc["environment"] = [
+            {"name": s.name, "value": s.value, "reason": s.reason} for s in result.environment
+        ]
+        doc["command"] = result.command_args()
+    elif isinstance(result, DoesNotFit):
+        doc["reason"] = result.reason
+        doc["message"] = result.summary
+        doc["options"] = [{"kind": o.kind, "summary": o.summary} for o in result.options]
+        doc["notes"] = list(result.notes)
+    else:
+        doc["reason"] = result.reason
+        doc["message"] = result.message
+        doc["tuning"] = result.effective_tuning().to_wire()
+    return doc
+
+
+def _table(rows: Sequence[tuple[str, str, str, str]], out: TextIO) -> None:
+    width = [max(len(r[i]) for r in rows) for i in range(3)]
+    for row in rows:
+        print(
+            f"  {row[0]:<{width[0]}}  {row[1]:<{width[1]}}  {row[2]:<{width[2]}}  {row[3]}",
+            file=out,
+        )
+
+
+def _print_table(result: TuningResult, model: ModelInput | None, out: TextIO) -> None:
+    if model is not None:
+        arch = model.architecture
+        print(f"Model    {model.name} (from {model.origin})", file=out)
+        print(f"         {arch.describe()}; {model.weight_format.describe()}", file=out)
+    if isinstance(result, DoesNotFit):
+        print(f"GPUs     {result.gpu.describe() if result.gpu else '-'}", file=out)
+        print(f"\nDOES NOT FIT ({result.reason}): {result.summary}", file=out)
+        if result.options:
+            print("\nWould fit:", file=out)
+            for option in result.options:
+                print(f"  - [{option.kind}] {option.summary}", file=out)
+        for note in result.notes:
+            print(f"  note: {note}", file=out)
+        return
+    if isinstance(result, SpecOnly):
+        print(f"\nNOT PLANNED ({result.reason}): {result.message}", file=out)
+        if result.arguments:
+            args_rows = [(a.name, a.value, str(a.source), a.reason) for a in result.arguments]
+            _table([("ARGUMENT", "VALUE", "SOURCE", "REASON"), *args_rows], out)
+        return
+    print(
+        f"GPUs     {result.gpu.describe()}: {result.gpus_per_replica} per replica "
+        f"(GPUs {', '.join(map(str, result.gpu_indices))}), "
+        f"{result.replicas_per_node} replica(s) per node",
+        file=out,
+    )
+    print("\nvLLM arguments", file=out)
+    _table(
+        [("NAME", "VALUE", "SOURCE", "REASON")]
+        + [(a.name, a.value, a.source, a.reason) for a in result.arguments],
+        out,
+    )
+    if result.environment:
+        print("\nEnvironment", file=out)
+        _table(
+            [("NAME", "VALUE", "SOURCE", "REASON")]
+            + [(s.name, s.value, s.source, s.reason) for s in result.environment],
+            out,
+        )
+    print("\nPod", file=out)
+    _table(
+        [("SETTING", "VALUE", "SOURCE", "REASON")]
+        + [(s.name, s.value, s.source, s.reason) for s in result.pod.reasons],
+        out,
+    )
+    print("\nPredictions (per replica)", file=out)
+    p = result.predictions
+    gib = 1024**3
+    rows: list[tuple[str, str, str, str]] = [
+        ("WHAT", "VALUE", "", "HOW"),
+        ("weights", f"{(p.weights_bytes or 0) / gib:.2f} GiB", "", ""),
+        ("kv-cache", f"{(p.kv_cache_bytes or 0) / gib:.2f} GiB", "", ""),
+        ("max-concurrent-sequences", f"{p.max_concurrent_sequences}", "", "at the full context"),
+    ]
+    rows += [(s.name, s.value, "", s.reason) for s in result.prediction_reasons]
+    _table(rows, out)
+    if result.notes:
+        print("\nNotes", file=out)
+        for note in result.notes:
+            print(f"  - {note}", file=out)
+    print("\nCommand line", file=out)
+    print("  vllm serve MODEL " + " ".join(result.command_args()), file=out)
+
+
+def run_from_args(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    try:
+        result, model = tune(args)
+    except (InputError, ValidationError) as exc:
+        print(f"vllm-operator tune: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.output == "table":
+        _print_table(result, model, out)
+    elif args.output == "args":
+        if isinstance(result, Plan):
+            print(" ".join(result.command_args()), file=out)
+        elif isinstance(result, SpecOnly):
+            from vllm_operator.tuning.args import command_args
+
+            print(" ".join(command_args(result.arguments)), file=out)
+        else:
+            print(f"vllm-operator tune: {result.reason}: {result.message}", file=sys.stderr)
+    else:
+        doc = _document(result, model)
+        if args.output == "json":
+            print(json.dumps(doc, indent=2), file=out)
+        else:
+            print(yaml.safe_dump(doc, sort_keys=False, width=100), end="", file=out)
+    return EXIT_OK if isinstance(result, Plan) else EXIT_DOES_NOT_FIT
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point for tests and ``python -m vllm_operator.tuning.cli``."""
+    parser = configure(
+        argparse.ArgumentParser(
+            prog="vllm-operator tune",
+            description=__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+    )
+    args = parser.parse_args(None if argv is None else list(argv))
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
