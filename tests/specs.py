@@ -30,7 +30,7 @@ def isvc(**spec: Any) -> InferenceService:
 GOLDEN_CASES: dict[str, dict[str, Any]] = {
     "single-gpu-hf": {"gpu": {"count": 1}},
     "tp2-with-shm": {
-        "gpu": {"count": 2, "products": ["NVIDIA H100 80GB HBM3"]},
+        "gpu": {"count": 2, "products": ["NVIDIA-H100-80GB-HBM3"]},
         "node": {"shmSize": "8Gi"},
         "replicas": 2,
     },

@@ -102,7 +102,7 @@ def test_cross_field_rules_are_cel_in_the_schema() -> None:
 
 def test_defaults_reach_nested_objects() -> None:
     spec = _schema("InferenceService")["properties"]["spec"]["properties"]
-    assert spec["gpu"]["default"] == {}
+    assert spec["gpu"]["default"] == {"count": "auto", "products": []}
     assert spec["gpu"]["properties"]["count"]["default"] == "auto"
     assert spec["replicas"]["default"] == 1
     assert "default" not in spec["model"]["properties"]["quantization"], "optional stays unset"

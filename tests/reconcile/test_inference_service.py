@@ -18,7 +18,7 @@ NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 SETTINGS = OperatorSettings(default_image="registry.local/vllm:test")
 
 
-def _node(name: str, gpus: int, product: str = "NVIDIA GeForce RTX 4090") -> dict[str, Any]:
+def _node(name: str, gpus: int, product: str = "NVIDIA-GeForce-RTX-4090") -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Node",
@@ -93,7 +93,7 @@ async def test_too_few_gpus_on_every_node_stalls() -> None:
 
 
 async def test_a_product_no_node_has_stalls() -> None:
-    api, body = _cluster(_node("a", 8), gpu={"count": 1, "products": ["NVIDIA H200"]})
+    api, body = _cluster(_node("a", 8), gpu={"count": 1, "products": ["NVIDIA-H200"]})
     await reconcile_inference_service(api, body, settings=SETTINGS, now=NOW)
     assert _condition(api, body, "Stalled")["reason"] == "NoNodeHasEnoughGPUs"
 

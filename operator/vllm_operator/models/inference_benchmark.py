@@ -203,7 +203,7 @@ class InferenceBenchmarkSpec(ApiModel):
         description="The InferenceService to benchmark (same namespace)."
     )
     workload: BenchmarkWorkload = Field(description="What to send.")
-    arrival: ArrivalSpec = Field(default_factory=ArrivalSpec, description="When to send.")
+    arrival: ArrivalSpec = Field(description="When to send requests.")
     duration_seconds: int | None = Field(
         default=None, ge=1, le=86400, description="How long each load level runs."
     )

@@ -200,6 +200,9 @@ class ModelSpec(ApiModel):
 
 # --- GPUs, tuning, node, warmup, autoscaling -----------------------------------------------
 
+# A label value, as nvidia.com/gpu.product carries it (no spaces: GFD writes dashes).
+LABEL_VALUE = r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+
 GpuCount = Annotated[
     int | Literal["auto"],
     WithJsonSchema(
@@ -218,10 +221,13 @@ class GPUSpec(ApiModel):
         default="auto",
         description="GPUs per replica: auto (the tuner's choice) or a number from 1 to 16.",
     )
-    products: list[Annotated[str, Field(min_length=1, max_length=128)]] = Field(
-        default_factory=list,
-        max_length=32,
-        description="Allowed GPU products (node label nvidia.com/gpu.product); empty: any.",
+    products: list[Annotated[str, Field(min_length=1, max_length=63, pattern=LABEL_VALUE)]] = (
+        Field(
+            default_factory=list,
+            max_length=32,
+            description="Allowed GPU products, as the node label nvidia.com/gpu.product spells "
+            "them (NVIDIA-H100-80GB-HBM3); empty: any.",
+        )
     )
 
     model_config = cel_rules(

@@ -29,23 +29,27 @@ _ISVC_NAME_RULE: Final = {
     "size(self.metadata.name) <= 50",
     "message": "metadata.name must be a DNS-1035 label of at most 50 characters "
     "(it names the Service and the Deployment)",
-    "fieldPath": ".metadata.name",
 }
 
 
 class _DefaultsSchema(GenerateJsonSchema):
-    """Gives nested objects built by a default factory the default ``{}``.
+    """Gives fields built by a default factory their default in the schema.
 
-    The apiserver applies defaults only inside objects that exist; with ``default: {}`` on
-    ``spec.gpu`` it creates the object and then fills ``spec.gpu.count``, so what a user
-    reads back with kubectl shows every default in force.
+    The apiserver applies defaults only inside objects that exist; with a default on
+    ``spec.gpu`` it creates the object, so what a user reads back with kubectl shows every
+    default in force, and CEL rules never meet a missing map or list.
     """
 
     def get_default_value(self, schema: core_schema.WithDefaultSchema) -> Any:
         factory = schema.get("default_factory")
-        if isinstance(factory, type) and issubclass(factory, BaseModel):
-            return {}
-        return schema.get("default", NoDefault)
+        if factory is None:
+            return schema.get("default", NoDefault)
+        value = factory()  # type: ignore[call-arg]
+        if isinstance(value, BaseModel):
+            # The whole defaulted object, not {}: CEL rules on it are checked against the
+            # default itself, before the apiserver fills the nested defaults in.
+            return value.model_dump(by_alias=True, exclude_none=True, mode="json")
+        return value
 
 
 def _resolve(node: Any, defs: Mapping[str, Schema]) -> Any:

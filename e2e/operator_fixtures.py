@@ -1,0 +1,105 @@
+"""Fixtures of the operator's cluster tests: the CRDs installed, the operator running.
+
+The operator runs as a real local process (``vllm-operator run``) against the real
+control plane, with its log in the cluster's log folder.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from e2e.cluster.cluster import ClusterHandle
+
+REPO = Path(__file__).parents[1]
+
+
+@pytest.fixture(scope="session")
+def crds(cluster: ClusterHandle) -> ClusterHandle:
+    """The project's CRDs, applied server-side and Established."""
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
+    cluster.kubectl(
+        "wait", "--for=condition=Established", "--timeout=60s", "-f", str(REPO / "crds")
+    )
+    return cluster
+
+
+class OperatorProcess:
+    """``vllm-operator run`` as a child process; stop() and start() simulate restarts."""
+
+    def __init__(self, cluster: ClusterHandle, log_dir: Path) -> None:
+        self.cluster = cluster
+        self.log_path = log_dir / "operator.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = self.cluster.env()
+        env.update(
+            {
+                "VLLM_OPERATOR_KUBECONFIG": str(self.cluster.kubeconfig),
+                "VLLM_OPERATOR_RESYNC_SECONDS": env.get("VLLM_OPERATOR_RESYNC_SECONDS", "20"),
+                "VLLM_OPERATOR_METRICS_PORT": "0",
+                "VLLM_OPERATOR_HEALTH_PORT": "0",
+                "VLLM_OPERATOR_DEFAULT_IMAGE": "vllm/vllm-openai:e2e",
+            }
+        )
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "vllm_operator.cli", "run"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=REPO,
+            start_new_session=True,
+        )
+        log.close()
+
+    def stop(self, *, kill: bool = False) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL if kill else signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        self.proc = None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, lines: int = 80) -> str:
+        if not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def _log_dir(cluster: ClusterHandle, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if cluster.settings is not None:
+        path = Path(cluster.settings.state_dir) / "logs"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    return tmp_path_factory.mktemp("operator-logs")
+
+
+@pytest.fixture(scope="session")
+def operator_process(
+    crds: ClusterHandle, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
+    """The operator, running for the whole session (tests may stop and start it)."""
+    op = OperatorProcess(crds, _log_dir(crds, tmp_path_factory))
+    op.start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and "Started the vllm-operator" not in op.log_tail(200):
+        assert op.alive(), f"the operator exited:\n{op.log_tail()}"
+        time.sleep(0.2)
+    yield op
+    op.stop()

@@ -1,0 +1,121 @@
+"""The API on a real apiserver: CRDs install, examples are accepted, invalid manifests are
+rejected at admission naming the field, and kubectl shows descriptions and columns."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from tests.catalog import InvalidCase, invalid_cases
+
+from e2e.cluster.cluster import ClusterHandle
+from e2e.operator_fixtures import crds  # noqa: F401  (fixture)
+
+REPO = Path(__file__).parents[1]
+EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+CASES = invalid_cases()
+
+
+def test_the_crds_are_established(crds: ClusterHandle) -> None:  # noqa: F811
+    names = crds.kubectl(
+        "get", "crd", "-l", "app.kubernetes.io/part-of=vllm-operator", "-o", "name"
+    ).stdout.split()
+    assert sorted(names) == [
+        "customresourcedefinition.apiextensions.k8s.io/gpunodes.inference.vllm-operator.dev",
+        "customresourcedefinition.apiextensions.k8s.io/inferencebenchmarks.inference.vllm-operator.dev",
+        "customresourcedefinition.apiextensions.k8s.io/inferenceservices.inference.vllm-operator.dev",
+    ]
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_every_example_is_accepted(crds: ClusterHandle, namespace: str, path: Path) -> None:  # noqa: F811
+    crds.kubectl("apply", "-n", namespace, "-f", str(path))
+    for doc in yaml.safe_load_all(path.read_text()):
+        if doc and doc["kind"] == "GPUNode":
+            crds.kubectl("delete", "gpunode", doc["metadata"]["name"], "--wait=false")
+
+
+def _reject(cluster: ClusterHandle, namespace: str, case: InvalidCase, *dry: str) -> str:
+    proc = cluster.kubectl(
+        "apply", *dry, "-n", namespace, "-f", "-", input=json.dumps(case.manifest), check=False
+    )
+    assert proc.returncode != 0, f"accepted: {case.id}\n{proc.stdout}"
+    return proc.stderr
+
+
+@pytest.fixture(scope="module")
+def shared_namespace(crds: ClusterHandle) -> Iterator[str]:  # noqa: F811
+    """One namespace for the whole catalog: nothing is created in it, so nothing can leak
+    from one case into the next, and 50 namespaces need not come and go."""
+    name = f"e2e-catalog-{secrets.token_hex(3)}"
+    crds.kubectl("create", "namespace", name)
+    yield name
+    crds.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_each_invalid_manifest_is_rejected_naming_the_field(
+    crds: ClusterHandle,  # noqa: F811
+    shared_namespace: str,
+    case: InvalidCase,
+) -> None:
+    namespace = shared_namespace
+    for mode in ((), ("--dry-run=server",)):
+        err = _reject(crds, namespace, case, *mode)
+        assert case.field in err, f"{case.id}: error does not name {case.field}:\n{err}"
+    kind = case.kind.lower() + "s.inference.vllm-operator.dev"
+    name = case.manifest["metadata"]["name"]
+    got = crds.kubectl("get", kind, name, "-n", namespace, check=False)
+    assert "NotFound" in got.stderr, "a rejected object must not exist"
+
+
+def test_benchmark_spec_is_immutable(crds: ClusterHandle, namespace: str) -> None:  # noqa: F811
+    path = REPO / "examples" / "inferencebenchmark.yaml"
+    crds.kubectl("apply", "-n", namespace, "-f", str(path))
+    proc = crds.kubectl(
+        "patch",
+        "inferencebenchmark",
+        "llama-chat-bursts",
+        "-n",
+        namespace,
+        "--type=merge",
+        "-p",
+        '{"spec": {"seed": 7}}',
+        check=False,
+    )
+    assert proc.returncode != 0 and "immutable" in proc.stderr
+
+
+def test_kubectl_explain_shows_field_descriptions(crds: ClusterHandle) -> None:  # noqa: F811
+    out = crds.kubectl("explain", "inferenceservice.spec.gpu.count").stdout
+    assert "auto (the tuner's choice)" in out
+    out = crds.kubectl("explain", "inferencebenchmark.spec.arrival").stdout
+    assert "ratePerSecond" in out and "Mean request rate" in out
+
+
+def test_kubectl_get_shows_the_printer_columns(crds: ClusterHandle, namespace: str) -> None:  # noqa: F811
+    crds.kubectl(
+        "apply", "-n", namespace, "-f", str(REPO / "examples" / "inferenceservice-full.yaml")
+    )
+    header = crds.kubectl("get", "isvc", "-n", namespace).stdout.splitlines()[0].split()
+    assert header[:2] == ["NAME", "READY"]
+    for column in ("DESIRED", "MODEL", "GPUS", "AGE"):
+        assert column in header
+    crds.kubectl("apply", "-n", namespace, "-f", str(REPO / "examples" / "inferencebenchmark.yaml"))
+    header = crds.kubectl("get", "ibench", "-n", namespace).stdout.splitlines()[0].split()
+    assert "PHASE" in header and "TARGET" in header
+
+
+def test_defaults_are_filled_in_by_the_apiserver(crds: ClusterHandle, namespace: str) -> None:  # noqa: F811
+    crds.kubectl(
+        "apply", "-n", namespace, "-f", str(REPO / "examples" / "inferenceservice-minimal.yaml")
+    )
+    spec = crds.kubectl_json("get", "isvc", "qwen-small", "-n", namespace)["spec"]
+    assert spec["replicas"] == 1
+    assert spec["gpu"]["count"] == "auto"
+    assert spec["tuning"] == {"profile": "Balanced", "overrides": {}}
+    assert spec["warmup"]["enabled"] is True
