@@ -184,6 +184,8 @@ def run(settings: OperatorSettings) -> None:
         verbose=False,
         log_format=kopf.LogFormat.JSON if settings.log_format == "json" else kopf.LogFormat.PLAIN,
     )
+    # Kopf announces every handled watch event at INFO; ours are on transitions only.
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     liveness = f"http://0.0.0.0:{settings.health_port}/healthz" if settings.health_port else None
     kopf.run(
         standalone=True,

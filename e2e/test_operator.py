@@ -1,0 +1,315 @@
+"""The operator on the real control plane: children, readiness, drift, deletion, stalls,
+scaling, and restarts. The operator runs as a local process (``vllm-operator run``)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from e2e.cluster.cluster import ClusterHandle
+from e2e.operator_fixtures import OperatorProcess, crds, operator_process  # noqa: F401
+
+GROUP = "inference.vllm-operator.dev"
+
+
+def _isvc(name: str, **spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "apiVersion": f"{GROUP}/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"source": {"huggingFace": {"repo": "Qwen/Qwen2.5-0.5B-Instruct"}}},
+            "gpu": {"count": 1, "products": ["NVIDIA-GeForce-RTX-4090"]},
+            "warmup": {"enabled": False},
+        },
+    }
+    body["spec"].update(spec)
+    return body
+
+
+def _wait(predicate: Callable[[], Any], what: str, timeout: float = 60) -> Any:
+    """Poll until ``predicate`` returns something truthy (the waits are on state, with a
+    deadline; the pause between polls only spares the CPU)."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+def _get(cluster: ClusterHandle, ns: str, *what: str) -> dict[str, Any] | None:
+    proc = cluster.kubectl("get", *what, "-n", ns, "-o", "json", check=False)
+    if proc.returncode != 0:
+        return None
+    obj: dict[str, Any] = json.loads(proc.stdout)
+    return obj
+
+
+def _condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:
+    for cond in (obj or {}).get("status", {}).get("conditions", []):
+        if cond["type"] == type_:
+            found: dict[str, Any] = cond
+            return found
+    return {}
+
+
+def _wait_ready(cluster: ClusterHandle, ns: str, name: str, timeout: int = 90) -> None:
+    cluster.kubectl(
+        "wait",
+        "--for=condition=Ready",
+        f"isvc/{name}",
+        "-n",
+        ns,
+        f"--timeout={timeout}s",
+        timeout=timeout + 10,
+    )
+
+
+@pytest.fixture
+def op(operator_process: OperatorProcess) -> OperatorProcess:  # noqa: F811
+    if not operator_process.alive():
+        operator_process.start()
+    return operator_process
+
+
+def test_a_service_gets_owned_children_and_becomes_ready(
+    op: OperatorProcess, namespace: str
+) -> None:
+    cluster = op.cluster
+    cluster.apply(_isvc("chat"), namespace=namespace)
+    _wait_ready(cluster, namespace, "chat")
+    isvc = _get(cluster, namespace, "isvc", "chat")
+    assert isvc is not None
+    uid = isvc["metadata"]["uid"]
+    for kind in ("deployment", "service", "poddisruptionbudget"):
+        child = _get(cluster, namespace, kind, "chat")
+        assert child is not None, f"{kind} chat was not created"
+        owners = child["metadata"]["ownerReferences"]
+        assert owners == [
+            {
+                "apiVersion": f"{GROUP}/v1alpha1",
+                "kind": "InferenceService",
+                "name": "chat",
+                "uid": uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+    pods = _get(cluster, namespace, "pods", "-l", f"{GROUP}/inference-service=chat")
+    assert pods is not None
+    assert [p["spec"]["nodeName"] for p in pods["items"]] == ["gpu-4090x2"]
+    status = isvc["status"]
+    assert status["observedGeneration"] == isvc["metadata"]["generation"]
+    assert status["readyReplicas"] == 1
+    assert status["endpoint"] == f"http://chat.{namespace}.svc:8000/v1"
+    assert status["tuning"]["plannedBy"] in ("SpecOnly", "Tuner")
+
+
+def test_a_spec_change_rolls_out_and_observed_generation_follows(
+    op: OperatorProcess, namespace: str
+) -> None:
+    cluster = op.cluster
+    cluster.apply(_isvc("chat"), namespace=namespace)
+    _wait_ready(cluster, namespace, "chat")
+    before = _get(cluster, namespace, "deployment", "chat")
+    assert before is not None
+    cluster.kubectl(
+        "patch",
+        "isvc",
+        "chat",
+        "-n",
+        namespace,
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": {"tuning": {"overrides": {"max-model-len": "2048"}}}}),
+    )
+
+    def rolled() -> bool:
+        dep = _get(cluster, namespace, "deployment", "chat") or {}
+        args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+        return (
+            "--max-model-len" in args
+            and dep["metadata"]["generation"] > before["metadata"]["generation"]
+        )
+
+    _wait(rolled, "the Deployment to carry the override")
+    isvc = _wait(
+        lambda: (
+            (i := _get(cluster, namespace, "isvc", "chat"))
+            and i["status"]["observedGeneration"] == i["metadata"]["generation"]
+            and _condition(i, "Ready").get("status") == "True"
+            and i
+        ),
+        "observedGeneration to follow and Ready to return",
+    )
+    args = {a["name"]: a for a in isvc["status"]["tuning"]["arguments"]}
+    assert args["max-model-len"]["source"] == "Override"
+
+
+def test_children_edited_or_deleted_by_hand_are_restored(
+    op: OperatorProcess, namespace: str
+) -> None:
+    cluster = op.cluster
+    cluster.apply(_isvc("chat"), namespace=namespace)
+    _wait_ready(cluster, namespace, "chat")
+    cluster.kubectl(
+        "patch",
+        "deployment",
+        "chat",
+        "-n",
+        namespace,
+        "--type=json",
+        "-p",
+        json.dumps(
+            [
+                {
+                    "op": "replace",
+                    "path": "/spec/template/spec/containers/0/image",
+                    "value": "evil:latest",
+                }
+            ]
+        ),
+    )
+    _wait(
+        lambda: (
+            (_get(cluster, namespace, "deployment", "chat") or {})
+            .get("spec", {})
+            .get("template", {})
+            .get("spec", {})
+            .get("containers", [{}])[0]
+            .get("image")
+            == "vllm/vllm-openai:e2e"
+        ),
+        "the image to be restored",
+    )
+    cluster.kubectl("delete", "service", "chat", "-n", namespace)
+    _wait(lambda: _get(cluster, namespace, "service", "chat"), "the Service to be recreated")
+    cluster.kubectl("delete", "pdb", "chat", "-n", namespace)
+    _wait(lambda: _get(cluster, namespace, "pdb", "chat"), "the PDB to be recreated")
+
+
+@pytest.mark.parametrize("running", [True, False], ids=["operator running", "operator stopped"])
+def test_deleting_the_service_garbage_collects_its_children(
+    op: OperatorProcess, namespace: str, running: bool
+) -> None:
+    cluster = op.cluster
+    cluster.apply(_isvc("chat"), namespace=namespace)
+    _wait_ready(cluster, namespace, "chat")
+    if not running:
+        op.stop()
+    try:
+        cluster.kubectl("delete", "isvc", "chat", "-n", namespace, "--wait=true", "--timeout=30s")
+        for kind in ("deployment", "service", "pdb"):
+            _wait(lambda k=kind: _get(cluster, namespace, k, "chat") is None, f"{kind} to go")
+        _wait(
+            lambda: not (_get(cluster, namespace, "pods") or {"items": [1]})["items"],
+            "the pods to go",
+        )
+    finally:
+        if not running:
+            op.start()
+
+
+def test_an_unsatisfiable_spec_stalls_without_a_retry_storm(
+    op: OperatorProcess, namespace: str
+) -> None:
+    cluster = op.cluster
+    cluster.apply(_isvc("huge", gpu={"count": 16}), namespace=namespace)
+    stalled = _wait(
+        lambda: (
+            _condition(_get(cluster, namespace, "isvc", "huge"), "Stalled").get("status") == "True"
+            and _condition(_get(cluster, namespace, "isvc", "huge"), "Stalled")
+        ),
+        "Stalled=True",
+    )
+    assert stalled["reason"] == "NoNodeHasEnoughGPUs"
+    assert "16 GPUs" in stalled["message"]
+    ready = _condition(_get(cluster, namespace, "isvc", "huge"), "Ready")
+    assert ready["status"] == "False" and ready["reason"] == "NoNodeHasEnoughGPUs"
+    # Over the next ten seconds the object is left alone: one event, status unchanged.
+    first = _get(cluster, namespace, "isvc", "huge")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        time.sleep(1)
+    again = _get(cluster, namespace, "isvc", "huge")
+    assert first and again
+    assert again["metadata"]["resourceVersion"] == first["metadata"]["resourceVersion"]
+    events = _get(cluster, namespace, "events", "--field-selector", "involvedObject.name=huge")
+    assert events is not None
+    reasons = [e["reason"] for e in events["items"]]
+    assert reasons.count("NoNodeHasEnoughGPUs") == 1, reasons
+
+
+def test_kubectl_scale_changes_the_replicas(op: OperatorProcess, namespace: str) -> None:
+    cluster = op.cluster
+    cluster.apply(_isvc("chat"), namespace=namespace)
+    _wait_ready(cluster, namespace, "chat")
+    cluster.kubectl("scale", "isvc", "chat", "-n", namespace, "--replicas=2")
+    _wait(
+        lambda: (
+            (_get(cluster, namespace, "deployment", "chat") or {}).get("spec", {}).get("replicas")
+            == 2
+        ),
+        "the Deployment to have 2 replicas",
+    )
+    _wait(
+        lambda: (
+            (i := _get(cluster, namespace, "isvc", "chat"))
+            and i["status"].get("readyReplicas") == 2
+            and _condition(i, "Ready").get("status") == "True"
+        ),
+        "two ready replicas",
+    )
+    scale = json.loads(
+        cluster.kubectl(
+            "get",
+            "--raw",
+            f"/apis/{GROUP}/v1alpha1/namespaces/{namespace}/inferenceservices/chat/scale",
+        ).stdout
+    )
+    assert scale["spec"]["replicas"] == 2 and scale["status"]["replicas"] == 2
+    assert scale["status"]["selector"] == f"{GROUP}/inference-service=chat"
+
+
+def test_a_restart_mid_reconcile_leaves_no_twins_and_no_rollout(
+    op: OperatorProcess, namespace: str
+) -> None:
+    cluster = op.cluster
+    cluster.apply(_isvc("chat"), namespace=namespace)
+    time.sleep(0.5)  # deliberately mid-reconcile: the kill must land while it works
+    op.stop(kill=True)
+    op.start()
+    _wait_ready(cluster, namespace, "chat")
+    dep = _get(cluster, namespace, "deployment", "chat")
+    assert dep is not None
+    generation = dep["metadata"]["generation"]
+    rs_before = _get(cluster, namespace, "replicasets")
+    assert rs_before is not None and len(rs_before["items"]) == 1
+    # A second restart with everything converged must change nothing.
+    op.stop(kill=True)
+    op.start()
+    isvc = _get(cluster, namespace, "isvc", "chat")
+    assert isvc is not None
+
+    def resynced() -> bool:
+        log = op.log_tail(400)
+        return "Started the vllm-operator" in log
+
+    _wait(resynced, "the restarted operator")
+    time.sleep(3)  # let the restarted operator's initial reconciles run
+    dep_after = _get(cluster, namespace, "deployment", "chat")
+    assert dep_after is not None
+    assert dep_after["metadata"]["generation"] == generation, "an unchanged Deployment rolled out"
+    deployments = _get(cluster, namespace, "deployments")
+    assert deployments is not None and len(deployments["items"]) == 1
+    replicasets = _get(cluster, namespace, "replicasets")
+    assert replicasets is not None and len(replicasets["items"]) == 1
+    services = _get(cluster, namespace, "services")
+    assert services is not None and len(services["items"]) == 1
