@@ -43,7 +43,8 @@ build_kubernetes() {
   local mod="$cache/build/kubernetes-$K8S_VERSION" minor
   minor="v0.${K8S_VERSION#v1.}"
   mkdir -p "$mod"
-  if [[ ! -f "$mod/go.sum" ]]; then
+  # The stamp, not go.sum, marks a complete module: go.sum exists after a partial `go get`.
+  if [[ ! -f "$mod/.resolved" ]]; then
     local upstream
     upstream=$(cd "$mod" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
     {
@@ -56,8 +57,13 @@ build_kubernetes() {
       grep -oE '^\s*k8s\.io/[a-z0-9-]+ => \./staging/src/k8s\.io/[a-z0-9-]+' "$upstream" \
         | awk -v v="$minor" '{print "replace " $1 " => " $1 " " v}'
     } >"$mod/go.mod"
+    # Resolve every command we build, not just one: each pulls its own dependencies
+    # (kubelet, cadvisor, cli-runtime, ...) into go.sum.
     (cd "$mod" && go mod download k8s.io/kubernetes && \
-      go get "k8s.io/kubernetes/cmd/kube-apiserver@$K8S_VERSION" >/dev/null)
+      go get "k8s.io/kubernetes/cmd/kube-apiserver@$K8S_VERSION" \
+        "k8s.io/kubernetes/cmd/kube-controller-manager@$K8S_VERSION" \
+        "k8s.io/kubernetes/cmd/kube-scheduler@$K8S_VERSION" \
+        "k8s.io/kubernetes/cmd/kubectl@$K8S_VERSION" >/dev/null && touch .resolved)
   fi
   log "building kubernetes $K8S_VERSION"
   (cd "$mod" && go build -trimpath -ldflags "$ldflags -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION" -o "$out/" \

@@ -1,0 +1,258 @@
+"""Fixtures of the cluster tier: the control plane, a namespace per test, and diagnostics.
+
+`cluster` (session) starts the local control plane of `e2e.cluster`, or reuses one that
+is already running, and yields a `ClusterHandle`. A guard keeps the suite off clusters
+that are not ours: if `KUBECONFIG` names anything but the local cluster, the session
+stops unless `VLLM_OP_E2E_USE_EXISTING=1` says to use that cluster as it is (kind, say).
+
+`namespace` (function) creates a fresh namespace and deletes it afterwards. When a test
+fails, its events, the YAML of the objects in its namespace and the tail of every
+component's log are printed (pytest shows them with the failure) and written under
+`<state>/logs/diagnostics/`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+from collections.abc import Generator, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+from e2e.cluster.cluster import (
+    CLUSTER_NAME,
+    COMPONENTS,
+    ClusterError,
+    ClusterHandle,
+    Settings,
+    join,
+    leave,
+    resolve_binaries,
+    up,
+)
+
+USE_EXISTING = "VLLM_OP_E2E_USE_EXISTING"
+KEEP_CLUSTER = "VLLM_OP_E2E_KEEP_CLUSTER"
+NAMESPACE_LABEL = "e2e.vllm-operator.dev/test"
+
+_reports = pytest.StashKey[dict[str, pytest.TestReport]]()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test under e2e/ is a cluster test, whether or not its module says so."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.path)).parents:
+            item.add_marker(pytest.mark.cluster)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    # Keep each phase's report on the item, so fixtures can tell in their teardown
+    # whether the test failed.
+    report: pytest.TestReport = yield
+    item.stash.setdefault(_reports, {})[report.when] = report
+    return report
+
+
+def _failed(request: pytest.FixtureRequest) -> bool:
+    reports = request.node.stash.get(_reports, {})
+    return any(r.failed for r in reports.values())
+
+
+# --------------------------------------------------------------------------- guard
+
+
+def _our_kubeconfig(path: Path, settings: Settings) -> bool:
+    """True if the kubeconfig is the local cluster's, or a copy of it."""
+    if path.resolve() == settings.kubeconfig.resolve():
+        return True
+    try:
+        doc: dict[str, Any] = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return False
+    contexts = {c["name"]: c.get("context", {}) for c in doc.get("contexts") or []}
+    clusters = {c["name"]: c.get("cluster", {}) for c in doc.get("clusters") or []}
+    context = contexts.get(doc.get("current-context", ""), {})
+    if context.get("cluster") != CLUSTER_NAME:
+        return False
+    server = urlsplit(str(clusters.get(CLUSTER_NAME, {}).get("server", "")))
+    return server.hostname == "127.0.0.1" and server.port == settings.apiserver_port
+
+
+def _existing_cluster(kubeconfig: str) -> ClusterHandle:
+    """A handle on the cluster the user pointed KUBECONFIG at, used as it is."""
+    path = Path(kubeconfig.split(os.pathsep)[0]).expanduser()
+    kubectl = shutil.which("kubectl")
+    bin_dir: Path | None = None
+    if kubectl is None:
+        try:
+            bin_dir = resolve_binaries(build=False)
+            kubectl = str(bin_dir / "kubectl")
+        except ClusterError:
+            pytest.exit("kubectl is not on PATH; install it or run `make cluster-up` once", 2)
+    helm = shutil.which("helm")
+    handle = ClusterHandle(
+        kubeconfig=path,
+        kubectl_path=Path(kubectl),
+        helm_path=Path(helm) if helm else None,
+        bin_dir=bin_dir,
+        local=False,
+    )
+    handle.kubectl("version")  # fails early, with kubectl's words, if it is unreachable
+    return handle
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[ClusterHandle]:
+    """The cluster under test: the local control plane (started or reused), or the one
+    KUBECONFIG names when VLLM_OP_E2E_USE_EXISTING=1."""
+    settings = Settings.from_env()
+    kubeconfig = os.environ.get("KUBECONFIG", "")
+    if os.environ.get(USE_EXISTING) == "1":
+        if not kubeconfig:
+            pytest.exit(f"{USE_EXISTING}=1 needs KUBECONFIG to name the cluster to use", 2)
+        yield _existing_cluster(kubeconfig)
+        return
+    if kubeconfig and not (
+        os.pathsep not in kubeconfig and _our_kubeconfig(Path(kubeconfig), settings)
+    ):
+        pytest.exit(
+            f"KUBECONFIG={kubeconfig} is not the local e2e cluster ({settings.kubeconfig}). "
+            f"The cluster tests create and delete objects; to run them against that cluster "
+            f"anyway, set {USE_EXISTING}=1. To use the local cluster, unset KUBECONFIG.",
+            2,
+        )
+    handle = up(settings, owner="pytest")
+    join(settings)
+    # In-process clients (the operator under test, kubernetes_asyncio) find it too.
+    previous = os.environ.get("KUBECONFIG")
+    os.environ["KUBECONFIG"] = str(handle.kubeconfig)
+    try:
+        yield handle
+    finally:
+        if previous is None:
+            os.environ.pop("KUBECONFIG", None)
+        else:
+            os.environ["KUBECONFIG"] = previous
+        # A cluster that test sessions started goes with the last of them; one started
+        # with `make cluster-up` (or kept on request) stays.
+        leave(settings, stop=os.environ.get(KEEP_CLUSTER) != "1")
+
+
+# --------------------------------------------------------------------------- namespace
+
+
+def _namespace_name(request: pytest.FixtureRequest) -> str:
+    base = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")
+    # 63 characters at most; the suffix keeps reruns and parallel sessions apart.
+    return f"e2e-{base[:48].rstrip('-')}-{secrets.token_hex(3)}"
+
+
+@pytest.fixture
+def namespace(cluster: ClusterHandle, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace for one test, deleted afterwards (after diagnostics on failure)."""
+    name = _namespace_name(request)
+    cluster.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": name, "labels": {NAMESPACE_LABEL: "true"}},
+        }
+    )
+    # The ServiceAccount admission plugin refuses pods until the namespace's `default`
+    # ServiceAccount exists, which the controller-manager creates a moment later.
+    cluster.kubectl("wait", "--for=create", "serviceaccount/default", "-n", name, "--timeout=60s")
+    yield name
+    if _failed(request):
+        dump_diagnostics(cluster, request, namespace=name)
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    # The namespace controller starts on a namespace 5 s after its deletion (a fixed
+    # grace period upstream). Its pods are deleted at once instead, so that they stop
+    # holding GPUs that the next test asks for; a terminating namespace admits no new
+    # pods, so no controller can replace them meanwhile.
+    cluster.kubectl(
+        "delete",
+        "pods",
+        "--all",
+        "-n",
+        name,
+        "--wait=true",
+        "--timeout=60s",
+        check=False,
+        timeout=70,
+    )
+
+
+@pytest.fixture(autouse=True)
+def _diagnostics_without_namespace(request: pytest.FixtureRequest) -> Iterator[None]:
+    # Tests with a namespace get their dump from `namespace`, before it is deleted.
+    yield
+    if (
+        _failed(request)
+        and "cluster" in request.fixturenames
+        and "namespace" not in request.fixturenames
+    ):
+        dump_diagnostics(request.getfixturevalue("cluster"), request, namespace=None)
+
+
+def dump_diagnostics(
+    cluster: ClusterHandle, request: pytest.FixtureRequest, *, namespace: str | None
+) -> None:
+    """Prints what a failed test leaves behind and writes it to a file as well."""
+    sections: list[tuple[str, str]] = []
+
+    def run(title: str, *args: str) -> None:
+        proc = cluster.kubectl(*args, check=False, timeout=60)
+        sections.append((title, (proc.stdout + proc.stderr).strip()))
+
+    run("nodes", "get", "nodes", "-o", "wide", "--show-labels")
+    if namespace:
+        run(
+            f"events in {namespace}",
+            "get",
+            "events",
+            "-n",
+            namespace,
+            "--sort-by=.lastTimestamp",
+            "-o",
+            "wide",
+        )
+        kinds = cluster.kubectl(
+            "api-resources", "--namespaced", "--verbs=list", "-o", "name", check=False
+        ).stdout.split()
+        kinds = [k for k in kinds if k not in ("events", "events.events.k8s.io")]
+        if kinds:
+            run(
+                f"objects in {namespace}",
+                "get",
+                ",".join(kinds),
+                "-n",
+                namespace,
+                "-o",
+                "yaml",
+                "--ignore-not-found",
+            )
+    if cluster.local and cluster.settings is not None:
+        logs = cluster.settings.logs_dir
+        for name in COMPONENTS:
+            try:
+                tail = (logs / f"{name}.log").read_text(errors="replace").splitlines()[-40:]
+            except OSError:
+                tail = ["(no log)"]
+            sections.append((f"last lines of {name}.log", "\n".join(tail)))
+    text = "\n".join(f"===== {title}\n{body}\n" for title, body in sections)
+    print(f"\n##### diagnostics for {request.node.nodeid}\n{text}")
+    if cluster.local and cluster.settings is not None:
+        out = cluster.settings.logs_dir / "diagnostics"
+        out.mkdir(parents=True, exist_ok=True)
+        stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.nodeid)[-150:]
+        (out / f"{stem}.txt").write_text(text)
