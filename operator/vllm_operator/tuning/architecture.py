@@ -94,6 +94,7 @@ class Architecture:
     # of kv_lora_rank + qk_rope_head_dim values per token and layer, shared by all heads.
     kv_lora_rank: int | None = None
     qk_rope_head_dim: int | None = None
+    q_lora_rank: int | None = None
     # Given rather than estimated (spec or catalog).
     parameter_count_given: int | None = None
     torch_dtype: str | None = None
@@ -166,14 +167,21 @@ class Architecture:
     def _attention_parameters(self) -> int:
         h, heads = self.hidden_size, self.num_attention_heads
         if self.uses_mla:
-            # DeepSeek-V2/V3 shapes without q_lora (rough but within a few percent).
+            # DeepSeek-V2/V3: queries through an optional low-rank projection, keys and
+            # values through the shared latent, per-head up-projections, then the output.
             rope = self.qk_rope_head_dim or 64
             latent = self.kv_lora_rank or 512
+            q_head = self.head_dim + rope
+            q = (
+                h * self.q_lora_rank + self.q_lora_rank * heads * q_head
+                if self.q_lora_rank
+                else h * heads * q_head
+            )
             return (
-                h * heads * (self.head_dim + rope)
+                q
                 + h * (latent + rope)
-                + (latent * heads * 2 * self.head_dim)
-                + heads * self.head_dim * h
+                + latent * heads * 2 * self.head_dim
+                + (heads * self.head_dim * h)
             )
         q = h * heads * self.head_dim
         kv = 2 * h * self.num_kv_heads * self.head_dim
@@ -379,6 +387,7 @@ def from_config(config: Mapping[str, Any], *, name: str | None = None) -> Archit
         dense_layers=dense_layers if experts and experts > 1 else 0,
         kv_lora_rank=kv_lora,
         qk_rope_head_dim=_int(cfg, "qk_rope_head_dim", required=False),
+        q_lora_rank=_int(cfg, "q_lora_rank", required=False),
         torch_dtype=_torch_dtype(cfg),
         model_type=model_type,
         name=name,

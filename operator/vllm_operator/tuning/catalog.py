@@ -145,7 +145,7 @@ MODELS: Final[tuple[CatalogModel, ...]] = (
             "num_local_experts": 8, "num_experts_per_tok": 2,
             "tie_word_embeddings": False, "torch_dtype": "bfloat16",
         },
-        aliases=("mistralai/Mixtral-8x7B-Instruct-v0.1",),
+        aliases=("mistralai/Mixtral-8x7B-Instruct-v0.1", "Mixtral-8x7B"),
     ),
     CatalogModel(
         "Qwen/Qwen2.5-0.5B-Instruct",

@@ -112,6 +112,7 @@ CATALOG: Final[tuple[GPUModel, ...]] = (
     GPUModel("B200", ("b200",), 183359, 8000, (10, 0), 1000, 5, nvlink=True),
 )
 
+_SIZE: Final = re.compile(r"\d+gb")
 _VENDOR_WORDS: Final = frozenset({"nvidia", "geforce", "tesla", "gpu", "quadro", "generation"})
 
 
@@ -126,15 +127,21 @@ def match_product(product: str, memory_mib: int | None = None) -> GPUModel | Non
     closest to ``memory_mib`` (A100 40 vs 80 GB from a label without the size).
     """
     words = _words(product)
-    # "SXM4-80GB" style sizes also appear as a separate "80gb" word; "80GB-HBM3" likewise.
-    candidates = [m for m in CATALOG if set(m.match) <= words]
-    if not candidates:
-        return None
-    best = max(len(m.match) for m in candidates)
-    top = [m for m in candidates if len(m.match) == best]
-    if memory_mib is not None and len(top) > 1:
-        return min(top, key=lambda m: abs(m.memory_mib - memory_mib))
-    return top[0]
+    sizes_named = {w for w in words if _SIZE.fullmatch(w)}
+    best: tuple[tuple[int, int], GPUModel] | None = None
+    for model in CATALOG:
+        required = {w for w in model.match if not _SIZE.fullmatch(w)}
+        sizes = set(model.match) - required
+        if not required <= words:
+            continue
+        if sizes and not sizes <= words and (sizes_named or memory_mib is None):
+            # A size in the name that differs, or no size and no memory to tell by.
+            continue
+        distance = abs(model.memory_mib - memory_mib) if memory_mib is not None else 0
+        score = (len(required) + len(sizes & words), -distance)
+        if best is None or score > best[0]:
+            best = (score, model)
+    return best[1] if best else None
 
 
 Link = tuple[int, int, LinkKind]

@@ -1,0 +1,258 @@
+"""``vllm-operator tune``: inputs from flags and files, the table, YAML, JSON and args outputs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from vllm_operator.tuning.cli import main
+
+LLAMA_CONFIG: dict[str, Any] = {
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_the_table_explains_every_argument(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(
+        capsys,
+        "Llama-3.1-70B-Instruct",
+        "--gpu",
+        "H100-80GB",
+        "--count",
+        "8",
+        "--interconnect",
+        "nvlink",
+        "--prompt-p50",
+        "800",
+        "--prompt-p99",
+        "3000",
+        "--output-max",
+        "1024",
+        "--peak-concurrency",
+        "64",
+    )
+    assert code == 0
+    assert "8x H100-80GB" in out
+    assert "tensor-parallel-size          4" in out
+    for section in ("vLLM arguments", "Pod", "Predictions (per replica)", "Command line"):
+        assert section in out
+    assert "--max-num-seqs 96" in out
+
+
+def test_yaml_output_is_the_status_form_of_the_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(
+        capsys,
+        "Llama-2-7B",
+        "--gpu",
+        "RTX-4090",
+        "--count",
+        "2",
+        "--interconnect",
+        "pcie",
+        "-o",
+        "yaml",
+    )
+    assert code == 0
+    doc = yaml.safe_load(out)
+    assert doc["result"] == "Plan"
+    assert doc["gpus"]["perReplica"] == 1
+    assert doc["gpus"]["replicasPerNode"] == 2
+    args = {a["name"]: a for a in doc["tuning"]["arguments"]}
+    assert args["tensor-parallel-size"]["value"] == "1"
+    assert all(a["reason"] for a in args.values())
+    assert doc["tuning"]["predictions"]["kvCacheTokens"] > 0
+    assert doc["command"][:2] == ["--tensor-parallel-size", "1"]
+
+
+def test_a_model_folder_with_config_json_is_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_CONFIG))
+    code, out, _ = run(capsys, str(tmp_path), "--gpu", "L40S", "-o", "json")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["model"]["from"] == "config.json"
+    assert doc["result"] == "Plan"
+
+
+def test_quantization_flags_and_overrides(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(
+        capsys,
+        "Llama-2-7B",
+        "--gpu",
+        "RTX-3090",
+        "--count",
+        "2",
+        "--quantization",
+        "gptq",
+        "--bits",
+        "4",
+        "--set",
+        "max-num-seqs=64",
+        "--set",
+        "swap-space=0",
+        "-o",
+        "args",
+    )
+    assert code == 0
+    line = out.strip()
+    assert "--quantization gptq_marlin" in line
+    assert "--max-num-seqs 64" in line
+    assert "--swap-space 0" in line
+    assert "--tensor-parallel-size 1" in line
+
+
+def test_nothing_fits_exits_1_with_options(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "Llama-2-7B", "--gpu", "RTX-3060")
+    assert code == 1
+    assert "DOES NOT FIT (WeightsDoNotFit)" in out
+    assert "[Quantize]" in out
+    assert "[MoreGPUs]" in out
+
+
+def test_the_verdict_in_yaml(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "Llama-2-7B", "--gpu", "RTX-3060", "-o", "yaml")
+    assert code == 1
+    doc = yaml.safe_load(out)
+    assert doc["result"] == "DoesNotFit"
+    assert doc["reason"] == "WeightsDoNotFit"
+    assert {o["kind"] for o in doc["options"]} >= {"Quantize", "MoreGPUs", "LargerGPU"}
+
+
+def test_an_unknown_model_is_not_planned(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "acme/private-model", "--gpu", "L4", "--set", "max-model-len=4096")
+    assert code == 1
+    assert "NOT PLANNED (ArchitectureUnknown)" in out
+    assert "max-model-len" in out
+
+
+def test_a_gpunode_manifest(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    node = {
+        "apiVersion": "inference.vllm-operator.dev/v1alpha1",
+        "kind": "GPUNode",
+        "metadata": {"name": "h200-a"},
+        "status": {
+            "gpus": [
+                {
+                    "index": i,
+                    "uuid": f"GPU-{i}",
+                    "product": "NVIDIA H200",
+                    "memoryBytes": 150_754_820_096,
+                    "computeCapability": "9.0",
+                }
+                for i in range(2)
+            ],
+            "links": [{"a": 0, "b": 1, "kind": "NVLink", "nvlinks": 18}],
+            "bandwidth": {
+                "results": [{"source": "gpu0", "kind": "DeviceCopy", "gigabytesPerSecond": 4266}]
+            },
+        },
+    }
+    path = tmp_path / "node.yaml"
+    path.write_text(yaml.safe_dump(node))
+    code, out, _ = run(capsys, "Llama-3.1-70B", "--gpu-node", str(path), "-o", "yaml")
+    assert code == 0
+    doc = yaml.safe_load(out)
+    assert doc["gpus"]["perReplica"] == 2
+    assert doc["gpus"]["link"] == "NVLink"
+    assert "measured" in json.dumps(doc["tuning"]["notes"])
+
+
+def test_an_inferenceservice_manifest(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    isvc = {
+        "apiVersion": "inference.vllm-operator.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "chat"},
+        "spec": {
+            "model": {"source": {"huggingFace": {"repo": "Qwen/Qwen2.5-7B-Instruct"}}},
+            "workload": {
+                "promptTokens": {"type": "Uniform", "min": 10, "max": 2000},
+                "outputTokens": {"type": "Uniform", "min": 50, "max": 500},
+                "peakConcurrency": 32,
+            },
+            "tuning": {"profile": "Latency", "overrides": {"enable-prefix-caching": "false"}},
+        },
+    }
+    path = tmp_path / "isvc.yaml"
+    path.write_text(yaml.safe_dump(isvc))
+    code, out, _ = run(capsys, "--service", str(path), "--gpu", "L40S", "-o", "json")
+    assert code == 0
+    args = {a["name"]: a for a in json.loads(out)["tuning"]["arguments"]}
+    assert args["max-num-seqs"]["value"] == "48"
+    assert args["max-model-len"]["value"] == "2560"
+    assert args["max-num-batched-tokens"]["value"] == "2048"
+    assert (args["enable-prefix-caching"]["value"], args["enable-prefix-caching"]["source"]) == (
+        "false",
+        "Override",
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        pytest.param(["Llama-2-7B"], "give --gpu", id="no GPUs"),
+        pytest.param(["--gpu", "L4"], "give a model", id="no model"),
+        pytest.param(["Llama-2-7B", "--gpu", "Acme-X1"], "give its memory", id="an unknown GPU"),
+        pytest.param(
+            ["Llama-2-7B", "--gpu", "L4", "--prompt-p99", "10"],
+            "needs --prompt-p50",
+            id="a p99 without a p50",
+        ),
+        pytest.param(
+            ["Llama-2-7B", "--gpu", "L4", "--set", "oops"],
+            "KEY=VALUE",
+            id="an override without a value",
+        ),
+        pytest.param(
+            ["Llama-2-7B", "--gpu", "L4", "--gpu-node", "/nonexistent.yaml"],
+            "cannot read",
+            id="a missing GPUNode file",
+        ),
+    ],
+)
+def test_bad_input_exits_2_with_a_message(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run(capsys, *argv)
+    assert code == 2
+    assert message in err
+
+
+_OFFLINE = """
+import sys
+from vllm_operator.tuning.cli import main
+code = main(["Llama-3.1-8B", "--gpu", "A10", "-o", "json"])
+loaded = sorted(m for m in ("httpx", "kubernetes_asyncio", "kopf", "urllib.request", "http.client")
+                if m in sys.modules)
+print("LOADED", loaded, file=sys.stderr)
+sys.exit(code if not loaded else 99)
+"""
+
+
+def test_the_command_loads_no_network_client() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _OFFLINE], capture_output=True, text=True, check=False, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["result"] == "Plan"
