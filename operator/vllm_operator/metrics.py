@@ -23,3 +23,8 @@ CONDITIONS: Final = Gauge(
     ["kind", "namespace", "name", "condition", "status"],
 )
 QUEUE_DEPTH: Final = Gauge("vllm_operator_queue_depth", "Objects waiting to be reconciled.")
+API_REQUESTS: Final = Counter(
+    "vllm_operator_api_requests_total",
+    "Requests the operator's reconcilers sent to the Kubernetes API (Kopf's watches aside).",
+    ["verb", "resource"],
+)

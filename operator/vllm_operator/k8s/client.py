@@ -13,15 +13,27 @@ import logging
 from datetime import UTC, datetime
 from typing import Any, Final
 
+import aiohttp
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from vllm_operator.constants import FIELD_MANAGER
 from vllm_operator.k8s.api import ApiError, Manifest
 from vllm_operator.k8s.resources import resource_for
+from vllm_operator.metrics import API_REQUESTS
 
 log = logging.getLogger(__name__)
 _OBJECT: Final = {200: "object", 201: "object"}
+
+
+def _resource_of(path: str) -> str:
+    """The plural (and subresource) a request path names, for the request metric."""
+    parts = path.strip("/").split("/")
+    if "namespaces" in parts and parts.index("namespaces") + 2 < len(parts):
+        parts = parts[parts.index("namespaces") + 2 :]
+    else:
+        parts = parts[2:] if parts[0] == "api" else parts[3:]
+    return "/".join(p for i, p in enumerate(parts) if i != 1)
 
 
 def _error(exc: ApiException) -> ApiError:
@@ -72,6 +84,7 @@ class KubeClient:
         if content_type:
             headers["Content-Type"] = content_type
         self.requests += 1
+        API_REQUESTS.labels(method, _resource_of(path)).inc()
         try:
             return await self._api.call_api(
                 path,
@@ -85,6 +98,9 @@ class KubeClient:
             )
         except ApiException as exc:
             raise _error(exc) from exc
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            # The apiserver is unreachable or slow: transient by definition (status 0).
+            raise ApiError(0, "ConnectionFailed", str(exc) or type(exc).__name__) from exc
 
     async def get(
         self, api_version: str, kind: str, name: str, namespace: str | None = None
