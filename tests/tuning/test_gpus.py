@@ -30,6 +30,7 @@ from vllm_operator.tuning.gpus import (
             "NVIDIA-A100-SXM4-80GB", None, "A100-80GB", id="an A100 with its size in the name"
         ),
         pytest.param("NVIDIA-A100-80GB-PCIe", None, "A100-80GB-PCIe", id="a PCIe A100"),
+        pytest.param("NVIDIA-A100-PCIE-40GB", None, "A100-40GB-PCIe", id="a 40 GB PCIe A100"),
         pytest.param(
             "NVIDIA-A100", 81920, "A100-80GB", id="an A100 told apart by its memory label"
         ),

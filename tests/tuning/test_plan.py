@@ -514,3 +514,25 @@ def test_plans_are_deterministic() -> None:
         return as_plan(plan_service(_spec(), [gpus("L40S", 2, "pcie"), gpus("A10", 4)]))
 
     assert once() == once()
+
+
+def test_the_effective_tuning_renders_into_the_deployment_the_plan_describes() -> None:
+    from vllm_operator.models import InferenceService
+    from vllm_operator.render.deployment import build_deployment
+
+    isvc = InferenceService.model_validate(
+        {
+            "metadata": {"name": "chat", "namespace": "ns", "uid": "u-1"},
+            "spec": {"model": {"source": {"huggingFace": {"repo": "meta-llama/Llama-2-13b-hf"}}}},
+        }
+    )
+    result = as_plan(plan_service(isvc.spec, [gpus("RTX-4090", 2, "pcie")], name="chat"))
+    deployment = build_deployment(isvc, result.effective_tuning(), image="vllm", replicas=1)
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    args = container["args"]
+    planned = result.command_args()
+    assert args[args.index("--tensor-parallel-size") :][: len(planned)] == planned
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    shm = next(v for v in pod["volumes"] if v["name"] == "shm")
+    assert shm["emptyDir"]["sizeLimit"] == "2Gi"

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Final
+from typing import Any, Final
 
 from vllm_operator.models.inference_service import ArgumentSource, EffectiveArgument
 
@@ -136,7 +136,7 @@ _TEXT_PINS: Final = {
 
 def read_overrides(overrides: Mapping[str, str]) -> Pins:
     """The overrides that change what fits, read into typed values."""
-    values: dict[str, object] = {}
+    values: dict[str, Any] = {}
     unreadable: list[str] = []
     for key, raw in overrides.items():
         if key in _INT_PINS:
@@ -159,7 +159,7 @@ def read_overrides(overrides: Mapping[str, str]) -> Pins:
                 values[_BOOL_PINS[key]] = flag
         elif key in _TEXT_PINS:
             values[_TEXT_PINS[key]] = raw.strip()
-    return Pins(**values, unreadable=tuple(sorted(unreadable)))  # type: ignore[arg-type]
+    return dataclasses.replace(Pins(), **values, unreadable=tuple(sorted(unreadable)))
 
 
 def apply_overrides(proposed: Sequence[Setting], overrides: Mapping[str, str]) -> list[Setting]:

@@ -31,7 +31,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from statistics import NormalDist
-from typing import Any, Final, TextIO
+from typing import Any, Final, Literal, TextIO
 
 import yaml
 from pydantic import ValidationError
@@ -73,6 +73,17 @@ _Z99: Final = NormalDist().inv_cdf(0.99)
 _Z999: Final = NormalDist().inv_cdf(0.999)
 
 
+_METHODS: Final[dict[str, QuantizationMethod]] = {
+    "none": "None",
+    "gptq": "GPTQ",
+    "awq": "AWQ",
+    "fp8": "FP8",
+    "bitsandbytes": "BitsAndBytes",
+    "gguf": "GGUF",
+    "compressed-tensors": "CompressedTensors",
+}
+
+
 class InputError(ValueError):
     """A flag or file the command cannot use; the message says which and why."""
 
@@ -106,7 +117,7 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     m.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
     m.add_argument(
         "--quantization",
-        choices=["none", "gptq", "awq", "fp8", "bitsandbytes", "gguf", "compressed-tensors"],
+        choices=sorted(_METHODS),
         help="how the checkpoint is quantized (default: from config.json or the name)",
     )
     m.add_argument("--bits", type=int, help="bits per weight (GPTQ, AWQ, GGUF)")
@@ -232,15 +243,7 @@ def _model_spec(args: argparse.Namespace, base: ModelSpec | None) -> tuple[Model
     if args.dtype != "auto":
         updates["dtype"] = args.dtype
     if args.quantization is not None:
-        method: QuantizationMethod = {  # type: ignore[assignment]
-            "none": "None",
-            "gptq": "GPTQ",
-            "awq": "AWQ",
-            "fp8": "FP8",
-            "bitsandbytes": "BitsAndBytes",
-            "gguf": "GGUF",
-            "compressed-tensors": "CompressedTensors",
-        }[args.quantization]
+        method = _METHODS[args.quantization]
         bits = args.bits or (4 if method in ("GPTQ", "AWQ") else None)
         updates["quantization"] = Quantization(
             method=method,
@@ -315,11 +318,11 @@ def tune(args: argparse.Namespace) -> tuple[TuningResult, ModelInput | None]:
         tpot_p99_milliseconds=args.tpot_p99_ms
         or (spec.slo.tpot_p99_milliseconds if spec else None),
     )
-    count: int | str = args.gpus_per_replica
-    if count != "auto":
-        if not str(count).isdigit() or not 1 <= int(count) <= 16:
+    count: int | Literal["auto"] = "auto"
+    if args.gpus_per_replica != "auto":
+        if not str(args.gpus_per_replica).isdigit() or not 1 <= int(args.gpus_per_replica) <= 16:
             raise InputError("--gpus-per-replica must be auto or a number from 1 to 16")
-        count = int(count)
+        count = int(args.gpus_per_replica)
     elif spec is not None:
         count = spec.gpu.count
     try:
@@ -344,7 +347,7 @@ def tune(args: argparse.Namespace) -> tuple[TuningResult, ModelInput | None]:
         tuning=tuning,
         node=node,
         dtype=model_spec.dtype,
-        gpu_count=count,  # type: ignore[arg-type]
+        gpu_count=count,
         replicas=replicas,
     )
     return planned, model

@@ -66,7 +66,9 @@ class GPUModel:
     compute_capability: tuple[int, int]
     tdp_watts: int
     pcie_generation: int
-    nvlink: bool = False  # the board can carry NVLink (SXM, or a bridge)
+    # NVLink is how these boards are normally joined (SXM modules); PCIe boards that take an
+    # optional bridge (RTX 3090, A6000, A40...) are not, since most sets have none.
+    nvlink: bool = False
     pcie_p2p: bool = True  # peer-to-peer over PCIe (GeForce boards: disabled by the driver)
 
     @property
@@ -84,25 +86,26 @@ class GPUModel:
 CATALOG: Final[tuple[GPUModel, ...]] = (
     GPUModel("RTX-3060", ("3060",), 12288, 360, (8, 6), 170, 4, pcie_p2p=False),
     GPUModel("RTX-3080", ("3080",), 10240, 760, (8, 6), 320, 4, pcie_p2p=False),
-    GPUModel("RTX-3090", ("3090",), 24576, 936, (8, 6), 350, 4, nvlink=True, pcie_p2p=False),
+    GPUModel("RTX-3090", ("3090",), 24576, 936, (8, 6), 350, 4, pcie_p2p=False),
     GPUModel("RTX-4080", ("4080",), 16376, 717, (8, 9), 320, 4, pcie_p2p=False),
     GPUModel("RTX-4090", ("4090",), 24564, 1008, (8, 9), 450, 4, pcie_p2p=False),
     GPUModel("RTX-5090", ("5090",), 32607, 1792, (12, 0), 575, 5, pcie_p2p=False),
-    GPUModel("RTX-A6000", ("a6000",), 49140, 768, (8, 6), 300, 4, nvlink=True),
+    GPUModel("RTX-A6000", ("a6000",), 49140, 768, (8, 6), 300, 4),
     GPUModel("RTX-6000-Ada", ("6000", "ada"), 49140, 960, (8, 9), 300, 4),
     GPUModel("T4", ("t4",), 15360, 320, (7, 5), 70, 3),
     GPUModel("V100-16GB", ("v100",), 16384, 900, (7, 0), 300, 3, nvlink=True),
     GPUModel("V100-32GB", ("v100", "32gb"), 32768, 900, (7, 0), 300, 3, nvlink=True),
     GPUModel("A10", ("a10",), 23028, 600, (8, 6), 150, 4),
     GPUModel("A10G", ("a10g",), 23028, 600, (8, 6), 300, 4),
-    GPUModel("A30", ("a30",), 24576, 933, (8, 0), 165, 4, nvlink=True),
-    GPUModel("A40", ("a40",), 46068, 696, (8, 6), 300, 4, nvlink=True),
+    GPUModel("A30", ("a30",), 24576, 933, (8, 0), 165, 4),
+    GPUModel("A40", ("a40",), 46068, 696, (8, 6), 300, 4),
     GPUModel("L4", ("l4",), 23034, 300, (8, 9), 72, 4),
     GPUModel("L40", ("l40",), 46068, 864, (8, 9), 300, 4),
     GPUModel("L40S", ("l40s",), 46068, 864, (8, 9), 350, 4),
     GPUModel("A100-40GB", ("a100",), 40960, 1555, (8, 0), 400, 4, nvlink=True),
     GPUModel("A100-40GB", ("a100", "40gb"), 40960, 1555, (8, 0), 400, 4, nvlink=True),
     GPUModel("A100-80GB", ("a100", "80gb"), 81920, 2039, (8, 0), 400, 4, nvlink=True),
+    GPUModel("A100-40GB-PCIe", ("a100", "40gb", "pcie"), 40960, 1555, (8, 0), 250, 4),
     GPUModel("A100-80GB-PCIe", ("a100", "80gb", "pcie"), 81920, 1935, (8, 0), 300, 4),
     GPUModel("H100-80GB", ("h100",), 81559, 3350, (9, 0), 700, 5, nvlink=True),
     GPUModel("H100-PCIe", ("h100", "pcie"), 81559, 2000, (9, 0), 350, 5),

@@ -656,6 +656,7 @@ def _candidate(ask: _Ask, g: _Gpu, tp: int, pp: int) -> _Candidate | None:
     indices, link = group
     arch = ask.model.architecture
     weights = weights_bytes(arch, g.fmt, activation_dtype_bytes=g.dtype_bytes)
+    util_source: Literal["Tuner", "Override"]
     if ask.pins.gpu_memory_utilization is not None:
         util = ask.pins.gpu_memory_utilization
         util_reason, util_source = "set in spec.tuning.overrides", "Override"
@@ -692,7 +693,7 @@ def _candidate(ask: _Ask, g: _Gpu, tp: int, pp: int) -> _Candidate | None:
         link=link,
         utilization=util,
         utilization_reason=util_reason,
-        utilization_source=util_source,  # type: ignore[arg-type]
+        utilization_source=util_source,
         weights=weights,
         memory=memory,
         dtype_bytes=g.dtype_bytes,
@@ -1165,6 +1166,18 @@ def _plan(ask: _Ask, gpu: GPUProfile) -> Plan | DoesNotFit:
     if isinstance(choice, DoesNotFit):
         return choice
     c = choice.candidate
+    model_max = arch.max_position_embeddings
+    if ctx.origin == "override" and ctx.wanted > model_max:
+        return DoesNotFit(
+            "ContextDoesNotFit",
+            f"max-model-len {ctx.wanted:,} from spec.tuning.overrides exceeds the model's "
+            f"maximum of {model_max:,}; vLLM refuses it (unless VLLM_ALLOW_LONG_MAX_MODEL_LEN "
+            "is set, at the risk of wrong output)",
+            (FitOption("ShorterContext", f"max-model-len {model_max:,} or less"),),
+            gpu=gpu,
+            model=ask.model,
+            memory=c.memory,
+        )
     final = _final_context(ask, ctx, c)
     if final is None:
         room = c.kv_token_room(arch)
