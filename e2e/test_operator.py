@@ -313,3 +313,53 @@ def test_a_restart_mid_reconcile_leaves_no_twins_and_no_rollout(
     assert replicasets is not None and len(replicasets["items"]) == 1
     services = _get(cluster, namespace, "services")
     assert services is not None and len(services["items"]) == 1
+
+
+def test_an_hpa_scales_the_service_through_its_scale_subresource(
+    op: OperatorProcess, namespace: str
+) -> None:
+    cluster = op.cluster
+    cluster.apply(_isvc("chat"), namespace=namespace)
+    _wait_ready(cluster, namespace, "chat")
+    # Below minReplicas the HPA controller raises the target to the minimum without any
+    # metric (there is no metrics-server here): enough to show it drives our scale.
+    cluster.apply(
+        {
+            "apiVersion": "autoscaling/v2",
+            "kind": "HorizontalPodAutoscaler",
+            "metadata": {"name": "chat"},
+            "spec": {
+                "scaleTargetRef": {
+                    "apiVersion": f"{GROUP}/v1alpha1",
+                    "kind": "InferenceService",
+                    "name": "chat",
+                },
+                "minReplicas": 2,
+                "maxReplicas": 3,
+                "metrics": [
+                    {
+                        "type": "Resource",
+                        "resource": {
+                            "name": "cpu",
+                            "target": {"type": "Utilization", "averageUtilization": 80},
+                        },
+                    }
+                ],
+            },
+        },
+        namespace=namespace,
+    )
+    _wait(
+        lambda: (
+            (_get(cluster, namespace, "isvc", "chat") or {}).get("spec", {}).get("replicas") == 2
+        ),
+        "the HPA to set spec.replicas to 2",
+        timeout=90,
+    )
+    _wait(
+        lambda: (
+            (_get(cluster, namespace, "deployment", "chat") or {}).get("spec", {}).get("replicas")
+            == 2
+        ),
+        "the Deployment to follow",
+    )

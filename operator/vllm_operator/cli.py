@@ -81,7 +81,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 # Components that bring their own subcommand: (name, module with add_parser()).
-_COMPONENTS = (("warmup", "vllm_operator.warmup.cli"),)
+_COMPONENTS = (
+    ("tune", "vllm_operator.tuning.cli"),
+    ("agent", "vllm_operator.agent.cli"),
+    ("warmup", "vllm_operator.warmup.cli"),
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
