@@ -60,3 +60,34 @@ GOLDEN_CASES: dict[str, dict[str, Any]] = {
         },
     },
 }
+
+
+def node(name: str, product: str, count: int, memory_mib: int, interconnect: str) -> dict[str, Any]:
+    """A Node as GPU Feature Discovery (and our agent) label it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "nvidia.com/gpu.product": product,
+                "nvidia.com/gpu.count": str(count),
+                "nvidia.com/gpu.memory": str(memory_mib),
+                "inference.vllm-operator.dev/gpu-interconnect": interconnect,
+            },
+        },
+        "status": {"allocatable": {"nvidia.com/gpu": str(count)}},
+    }
+
+
+NODES: list[dict[str, Any]] = [
+    node("gpu-4090x2", "NVIDIA-GeForce-RTX-4090", 2, 24564, "pcie"),
+    node("gpu-h100x8", "NVIDIA-H100-80GB-HBM3", 8, 81559, "nvlink"),
+]
+
+
+def plan_for(svc: InferenceService) -> Any:
+    """The tuning the reconcile would put in force on NODES."""
+    from vllm_operator.reconcile.plan import plan_inference_service
+
+    return plan_inference_service(svc, NODES, []).tuning

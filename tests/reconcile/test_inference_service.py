@@ -84,25 +84,54 @@ async def test_a_missing_token_secret_stalls_with_the_secret_named() -> None:
     assert [e[0] for e in api.events] == ["SecretNotFound"]
 
 
-async def test_too_few_gpus_on_every_node_stalls() -> None:
-    api, body = _cluster(_node("small", 1), gpu={"count": 4})
+async def test_too_few_gpus_on_every_node_stalls_and_rolls_out_nothing() -> None:
+    api, body = _cluster(_node("small", 1), gpu={"count": 2})
+    outcome = await reconcile_inference_service(api, body, settings=SETTINGS, now=NOW)
+    stalled = _condition(api, body, "Stalled")
+    assert outcome.stalled and stalled["reason"] == "NotEnoughGPUs"
+    assert "2 GPUs" in stalled["message"]
+    assert api.applied("Deployment") == [], "never a Deployment that cannot run"
+
+
+async def test_an_unknown_model_on_too_few_gpus_stalls_naming_the_count() -> None:
+    api, body = _cluster(
+        _node("small", 1),
+        model={"source": {"huggingFace": {"repo": "someone/unknown-model"}}},
+        gpu={"count": 4},
+    )
     outcome = await reconcile_inference_service(api, body, settings=SETTINGS, now=NOW)
     stalled = _condition(api, body, "Stalled")
     assert outcome.stalled and stalled["reason"] == "NoNodeHasEnoughGPUs"
     assert "4 GPUs" in stalled["message"] and "most is 1" in stalled["message"]
+    status = _stored(api, body)["status"]
+    assert status["tuning"]["plannedBy"] == "SpecOnly"
 
 
 async def test_a_product_no_node_has_stalls() -> None:
     api, body = _cluster(_node("a", 8), gpu={"count": 1, "products": ["NVIDIA-H200"]})
     await reconcile_inference_service(api, body, settings=SETTINGS, now=NOW)
-    assert _condition(api, body, "Stalled")["reason"] == "NoNodeHasEnoughGPUs"
+    stalled = _condition(api, body, "Stalled")
+    assert stalled["reason"] == "NoMatchingGPUs" and "NVIDIA-H200" in stalled["message"]
+
+
+async def test_a_known_model_is_planned_by_the_tuner() -> None:
+    api, body = _cluster(_node("a", 2))
+    await reconcile_inference_service(api, body, settings=SETTINGS, now=NOW)
+    tuning = _stored(api, body)["status"]["tuning"]
+    assert tuning["plannedBy"] == "Tuner"
+    names = {a["name"] for a in tuning["arguments"]}
+    assert {"max-model-len", "max-num-seqs", "gpu-memory-utilization"} <= names
+    assert all(a["reason"] for a in tuning["arguments"])
+    dep = api.objects[("apps/v1", "Deployment", "team-a", "chat")]
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--max-model-len" in args
 
 
 async def test_stalled_events_are_not_repeated_on_the_next_reconcile() -> None:
-    api, body = _cluster(_node("small", 1), gpu={"count": 4})
+    api, body = _cluster(_node("small", 1), gpu={"count": 2})
     await reconcile_inference_service(api, body, settings=SETTINGS, now=NOW)
     await reconcile_inference_service(api, _stored(api, body), settings=SETTINGS, now=NOW)
-    assert [e[0] for e in api.events] == ["NoNodeHasEnoughGPUs"]
+    assert [e[0] for e in api.events] == ["NotEnoughGPUs"]
 
 
 async def test_a_child_the_apiserver_rejects_stalls_instead_of_retrying() -> None:

@@ -7,11 +7,10 @@ from typing import Any
 
 import pytest
 
-from tests.specs import isvc
+from tests.specs import isvc, plan_for
 from vllm_operator.constants import WARMED_UP_CONDITION
 from vllm_operator.models.base import Condition
 from vllm_operator.reconcile.conditions import find
-from vllm_operator.reconcile.plan import plan_from_spec
 from vllm_operator.reconcile.status import Observed, Problem, compute_status
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -104,7 +103,7 @@ def test_ready_condition(spec: dict[str, Any], seen: dict[str, Any], verdict: An
     svc = isvc(**spec)
     status = compute_status(
         svc,
-        Observed(tuning=plan_from_spec(svc), desired_replicas=svc.spec.replicas, **seen),
+        Observed(tuning=plan_for(svc), desired_replicas=svc.spec.replicas, **seen),
         now=NOW,
     )
     ready = find(status.conditions, "Ready")
@@ -117,7 +116,7 @@ def test_stalled_and_reconciling_are_exclusive() -> None:
     problem = Problem("NoNodeHasEnoughGPUs", "none")
     status = compute_status(
         svc,
-        Observed(tuning=plan_from_spec(svc), desired_replicas=1, problems=[problem]),
+        Observed(tuning=plan_for(svc), desired_replicas=1, problems=[problem]),
         now=NOW,
     )
     stalled, reconciling = (
@@ -131,7 +130,7 @@ def test_stalled_and_reconciling_are_exclusive() -> None:
 
 def test_every_condition_is_there_from_the_first_reconcile() -> None:
     svc = isvc()
-    status = compute_status(svc, Observed(tuning=plan_from_spec(svc), desired_replicas=1), now=NOW)
+    status = compute_status(svc, Observed(tuning=plan_for(svc), desired_replicas=1), now=NOW)
     assert {c.type for c in status.conditions} == {
         "Ready",
         "Reconciling",
@@ -148,14 +147,14 @@ def test_transition_time_is_kept_while_the_status_holds() -> None:
     svc = isvc(warmup={"enabled": False})
     earlier = NOW - timedelta(hours=1)
     svc.status = compute_status(
-        svc, Observed(tuning=plan_from_spec(svc), desired_replicas=1), now=earlier
+        svc, Observed(tuning=plan_for(svc), desired_replicas=1), now=earlier
     )
-    again = compute_status(svc, Observed(tuning=plan_from_spec(svc), desired_replicas=1), now=NOW)
+    again = compute_status(svc, Observed(tuning=plan_for(svc), desired_replicas=1), now=NOW)
     assert again == svc.status, "nothing changed, so nothing to write"
     ready = compute_status(
         svc,
         Observed(
-            tuning=plan_from_spec(svc),
+            tuning=plan_for(svc),
             desired_replicas=1,
             deployment=_deployment(replicas=1, ready=1),
         ),

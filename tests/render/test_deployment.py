@@ -4,16 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.specs import isvc
+from tests.specs import isvc, plan_for
 from vllm_operator.constants import WARMED_UP_CONDITION
-from vllm_operator.reconcile.plan import plan_from_spec
 from vllm_operator.render.deployment import build_deployment
 from vllm_operator.render.quantity import to_bytes
 
 
 def _deploy(**spec: Any) -> dict[str, Any]:
     svc = isvc(**spec)
-    return build_deployment(svc, plan_from_spec(svc), image="img", replicas=svc.spec.replicas)
+    return build_deployment(svc, plan_for(svc), image="img", replicas=svc.spec.replicas)
 
 
 def _container(dep: dict[str, Any]) -> dict[str, Any]:
@@ -53,11 +52,11 @@ def test_gpus_are_requested_and_tolerated() -> None:
 
 
 def test_products_become_required_node_affinity() -> None:
-    dep = _deploy(gpu={"products": ["NVIDIA GeForce RTX 4090"]})
+    dep = _deploy(gpu={"products": ["NVIDIA-GeForce-RTX-4090"]})
     terms = dep["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"
     ]["nodeSelectorTerms"]
-    assert terms[0]["matchExpressions"][0]["values"] == ["NVIDIA GeForce RTX 4090"]
+    assert terms[0]["matchExpressions"][0]["values"] == ["NVIDIA-GeForce-RTX-4090"]
 
 
 def test_the_readiness_gate_is_there_only_with_warmup() -> None:
@@ -78,7 +77,7 @@ def test_drain_fits_in_the_grace_period() -> None:
 
 def test_startup_budget_follows_the_plan() -> None:
     svc = isvc()
-    plan = plan_from_spec(svc)
+    plan = plan_for(svc)
     assert plan.pod is not None
     plan.pod.startup_seconds = 3000
     dep = build_deployment(svc, plan, image="img", replicas=1)

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.specs import GOLDEN_CASES, isvc
-from vllm_operator.reconcile.plan import plan_from_spec
+from tests.specs import GOLDEN_CASES, isvc, plan_for
 from vllm_operator.render.deployment import build_deployment
 from vllm_operator.render.pdb import build_pdb
 from vllm_operator.render.service import build_service
@@ -22,7 +21,7 @@ GOLDEN = Path(__file__).parents[1] / "golden"
 
 def _render(case: str) -> str:
     svc = isvc(**GOLDEN_CASES[case])
-    plan = plan_from_spec(svc)
+    plan = plan_for(svc)
     docs = [
         build_deployment(svc, plan, image="vllm/vllm-openai:v0.11.0", replicas=svc.spec.replicas),
         build_service(svc),

@@ -14,12 +14,17 @@ from datetime import UTC, datetime
 
 from pydantic import ValidationError
 
-from vllm_operator.constants import API_VERSION, GPU_RESOURCE, KIND_INFERENCE_SERVICE
+from vllm_operator.constants import (
+    API_VERSION,
+    GPU_RESOURCE,
+    KIND_GPU_NODE,
+    KIND_INFERENCE_SERVICE,
+)
 from vllm_operator.k8s.api import ApiError, ClusterAPI, Manifest
 from vllm_operator.models import InferenceService, InferenceServiceStatus
 from vllm_operator.models.inference_service import EffectiveTuning
 from vllm_operator.reconcile.conditions import condition, find
-from vllm_operator.reconcile.plan import plan_from_spec
+from vllm_operator.reconcile.plan import plan_inference_service
 from vllm_operator.reconcile.status import Observed, Problem, compute_status
 from vllm_operator.render.deployment import build_deployment, gpus_per_replica
 from vllm_operator.render.meta import deployment_name, selector_string
@@ -63,7 +68,12 @@ def _gpus(node: Manifest) -> int:
 
 
 async def find_problems(
-    api: ClusterAPI, isvc: InferenceService, tuning: EffectiveTuning, nodes: list[Manifest]
+    api: ClusterAPI,
+    isvc: InferenceService,
+    tuning: EffectiveTuning,
+    nodes: list[Manifest],
+    *,
+    check_gpus: bool = True,
 ) -> list[Problem]:
     """What keeps the spec from being served, each with a reason a user can act on."""
     problems: list[Problem] = []
@@ -98,7 +108,7 @@ async def find_problems(
             )
         )
     need = gpus_per_replica(isvc, tuning)
-    if need > 0:
+    if check_gpus and need > 0:
         candidates = [n for n in nodes if _node_matches(n, isvc, tuning)]
         if not any(_gpus(n) >= need for n in candidates):
             most = max((_gpus(n) for n in candidates), default=0)
@@ -207,19 +217,28 @@ async def reconcile_inference_service(
         await _invalid(api, body, err, now)
         return Outcome(ready=False, stalled=True)
     ns = isvc.metadata.namespace
-    tuning = plan_from_spec(isvc)
     nodes = await api.list("v1", "Node")
-    problems = await find_problems(api, isvc, tuning, nodes)
+    gpu_nodes = await api.list(API_VERSION, KIND_GPU_NODE)
+    planned = plan_inference_service(isvc, nodes, gpu_nodes)
+    tuning = planned.tuning
+    problems = await find_problems(
+        api, isvc, tuning, nodes, check_gpus=planned.does_not_fit is None
+    )
+    if planned.does_not_fit is not None:
+        verdict = planned.does_not_fit
+        problems.insert(0, Problem(verdict.reason, verdict.message))
     desired = isvc.spec.replicas
 
     deployment: Manifest | None = None
-    children = (
-        build_service(isvc),
-        build_pdb(isvc),
-        build_deployment(
-            isvc, tuning, image=isvc.spec.image or settings.default_image, replicas=desired
-        ),
-    )
+    children = [build_service(isvc), build_pdb(isvc)]
+    if planned.does_not_fit is None:
+        # Never a Deployment that will run out of memory: when nothing fits, the one
+        # running (if any) stays as it is until the spec or the nodes change.
+        children.append(
+            build_deployment(
+                isvc, tuning, image=isvc.spec.image or settings.default_image, replicas=desired
+            )
+        )
     for child in children:
         try:
             applied = await api.apply(child)

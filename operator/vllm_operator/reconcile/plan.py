@@ -1,92 +1,112 @@
-"""The plan for an InferenceService before the tuner: only what the spec says.
+"""The plan for an InferenceService: the tuner over the GPU profiles of candidate nodes.
 
-Every argument still carries its source and reason, so the status reads the same way
-whichever planner made it.
+Profiles come from each node's GPUNode status (what the node agent read through NVML)
+when there is one, else from the node's labels (GPU Feature Discovery plus ours). The
+tuner answers with a plan, a verdict that nothing fits (the reconcile then stalls and
+never rolls out a Deployment that would run out of memory), or "spec only" when the
+model's shape is unknown.
 """
 
 from __future__ import annotations
 
-from typing import Final
+from dataclasses import dataclass
+from typing import Any
 
-from vllm_operator.models import InferenceService
-from vllm_operator.models.inference_service import EffectiveArgument, EffectiveTuning, PlannedPod
+from pydantic import ValidationError
 
-_QUANTIZATION_ARG: Final = {
-    "AWQ": "awq",
-    "GPTQ": "gptq",
-    "FP8": "fp8",
-    "BitsAndBytes": "bitsandbytes",
-    "GGUF": "gguf",
-    "CompressedTensors": "compressed-tensors",
-}
+from vllm_operator.constants import GPU_RESOURCE
+from vllm_operator.models import GPUNodeStatus, InferenceService
+from vllm_operator.models.inference_service import EffectiveTuning, PlannedPod
+from vllm_operator.tuning import (
+    DoesNotFit,
+    GPUProfile,
+    Plan,
+    SpecOnly,
+    plan_service,
+    profile_from_gpu_node,
+    profile_from_labels,
+    spec_only,
+)
+
+Manifest = dict[str, Any]
 
 
-def apply_overrides(
-    arguments: list[EffectiveArgument], overrides: dict[str, str]
-) -> list[EffectiveArgument]:
-    """Overrides always win: they replace a planned argument of the same name."""
-    kept = [a for a in arguments if a.name not in overrides]
-    return kept + [
-        EffectiveArgument(
-            name=name,
-            value=value,
-            source="Override",
-            reason="Set in spec.tuning.overrides; overrides always win.",
-        )
-        for name, value in sorted(overrides.items())
+@dataclass(frozen=True)
+class PlanOutcome:
+    tuning: EffectiveTuning
+    # Set when nothing fits: Stalled with this reason, and no Deployment rollout.
+    does_not_fit: DoesNotFit | None = None
+
+
+def _allocatable_gpus(node: Manifest) -> int:
+    value = node.get("status", {}).get("allocatable", {}).get(GPU_RESOURCE, "0")
+    return int(value) if str(value).isdigit() else 0
+
+
+def candidate_nodes(isvc: InferenceService, nodes: list[Manifest]) -> list[Manifest]:
+    """Schedulable GPU nodes that the pod template's node selector allows."""
+    wanted = isvc.spec.pod_template.node_selector
+    return [
+        n
+        for n in nodes
+        if not n.get("spec", {}).get("unschedulable", False)
+        and _allocatable_gpus(n) > 0
+        and all(n["metadata"].get("labels", {}).get(k) == v for k, v in wanted.items())
     ]
 
 
-def plan_from_spec(isvc: InferenceService) -> EffectiveTuning:
-    spec = isvc.spec
-    args: list[EffectiveArgument] = []
-    if spec.model.dtype != "auto":
-        args.append(
-            EffectiveArgument(
-                name="dtype", value=spec.model.dtype, source="Spec", reason="spec.model.dtype."
-            )
+def gpu_profiles(nodes: list[Manifest], gpu_nodes: list[Manifest]) -> list[GPUProfile]:
+    """One profile per node: from its GPUNode status when the agent published one."""
+    statuses: dict[str, GPUNodeStatus] = {}
+    for gn in gpu_nodes:
+        try:
+            status = GPUNodeStatus.model_validate(gn.get("status") or {})
+        except ValidationError:
+            continue
+        if status.gpus:
+            statuses[gn["metadata"]["name"]] = status
+    profiles: list[GPUProfile] = []
+    for node in nodes:
+        name = node["metadata"]["name"]
+        profile = (
+            profile_from_gpu_node(statuses[name], node=name)
+            if name in statuses
+            else profile_from_labels(node["metadata"].get("labels", {}), node=name)
         )
-    quant = spec.model.quantization
-    if quant is not None and quant.method != "None":
-        args.append(
-            EffectiveArgument(
-                name="quantization",
-                value=_QUANTIZATION_ARG[quant.method],
-                source="Spec",
-                reason="spec.model.quantization.method.",
-            )
-        )
-    gpus = spec.gpu.count if isinstance(spec.gpu.count, int) else 1
-    if gpus > 1:
-        args.append(
-            EffectiveArgument(
-                name="tensor-parallel-size",
-                value=str(gpus),
-                source="Spec",
-                reason="spec.gpu.count GPUs per replica, one tensor-parallel rank each.",
-            )
-        )
-    if spec.tuning.profile == "FastStart":
-        args.append(
-            EffectiveArgument(
-                name="enforce-eager",
-                value="true",
-                source="Spec",
-                reason="Profile FastStart: no CUDA-graph capture, so the server starts sooner; "
-                "steady-state throughput is 15-22% lower.",
-            )
-        )
-    shm = spec.node.shm_size if spec.node.shm_size != "auto" else None
-    return EffectiveTuning(
-        planned_by="SpecOnly",
-        gpus_per_replica=gpus,
-        tensor_parallel_size=gpus,
-        arguments=apply_overrides(args, spec.tuning.overrides),
-        pod=PlannedPod(
-            shm_size=shm,
-            cpus=spec.node.cpus,
-            memory=spec.node.memory,
-            cpu_pinning=spec.node.cpu_pinning,
-        ),
-        notes=["Planned from the spec alone: settings the spec leaves out keep vLLM's defaults."],
+        if profile is not None:
+            profiles.append(profile)
+    return profiles
+
+
+def _spec_pod(isvc: InferenceService) -> PlannedPod:
+    node = isvc.spec.node
+    return PlannedPod(
+        shm_size=None if node.shm_size == "auto" else node.shm_size,
+        cpus=node.cpus,
+        memory=node.memory,
+        cpu_pinning=node.cpu_pinning,
     )
+
+
+def _unplanned(isvc: InferenceService, result: SpecOnly) -> EffectiveTuning:
+    tuning = result.effective_tuning()
+    tuning.pod = _spec_pod(isvc)
+    if tuning.gpus_per_replica is None:
+        count = isvc.spec.gpu.count
+        tuning.gpus_per_replica = count if isinstance(count, int) else 1
+    return tuning
+
+
+def plan_inference_service(
+    isvc: InferenceService, nodes: list[Manifest], gpu_nodes: list[Manifest]
+) -> PlanOutcome:
+    """The tuning in force for ``isvc`` on this cluster's nodes."""
+    profiles = gpu_profiles(candidate_nodes(isvc, nodes), gpu_nodes)
+    result = plan_service(isvc.spec, profiles, name=isvc.metadata.name)
+    if isinstance(result, Plan):
+        return PlanOutcome(result.effective_tuning())
+    if isinstance(result, SpecOnly):
+        return PlanOutcome(_unplanned(isvc, result))
+    # Nothing fits: show what the spec alone says, and the verdict as the reason.
+    fallback = _unplanned(isvc, spec_only(isvc.spec, result.message))
+    return PlanOutcome(fallback, does_not_fit=result)
