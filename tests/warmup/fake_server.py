@@ -10,6 +10,7 @@ it as well as async ones.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 from collections.abc import Callable
@@ -61,11 +62,19 @@ class FakeOpenAI:
         return self
 
     def stop(self) -> None:
-        if self._runner is not None:
-            future = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)
-            future.result(timeout=10)
+        asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(timeout=10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
+        self._loop.close()
+
+    async def _shutdown(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+        # Handlers still sleeping (the "too slow" server) end here, not with the loop.
+        pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
 
     async def _start(self) -> None:
         app = web.Application()
@@ -124,15 +133,18 @@ class FakeOpenAI:
             )
             return web.json_response({"choices": [choice], "usage": usage})
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        if chat:
-            await _event(response, {"choices": [{"delta": {"role": "assistant", "content": ""}}]})
-        for _ in range(n):
-            piece = {"delta": {"content": "x"}} if chat else {"text": "x"}
-            await _event(response, {"choices": [piece]})
-        await _event(response, {"choices": [], "usage": usage})
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
+        # The client may have given up (its budget ran out) while this handler slept.
+        with contextlib.suppress(ConnectionResetError):
+            await response.prepare(request)
+            if chat:
+                role = {"delta": {"role": "assistant", "content": ""}}
+                await _event(response, {"choices": [role]})
+            for _ in range(n):
+                piece = {"delta": {"content": "x"}} if chat else {"text": "x"}
+                await _event(response, {"choices": [piece]})
+            await _event(response, {"choices": [], "usage": usage})
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
         return response
 
 

@@ -326,7 +326,7 @@ class _Runner:
                 f"Server at {opts.endpoint} did not answer /health with 200 within "
                 f"{opts.budget_s:g}s (last: {self.last_health_error})"
             )
-        elif budget_ran_out and self.stage != "settle":
+        elif budget_ran_out and (self.stage != "settle" or not self.settle_ttfts):
             outcome = Outcome.TOO_SLOW
             waiting = self._longest_wait()
             message = f"Budget of {opts.budget_s:g}s ran out in the {self.stage} stage"
