@@ -9,6 +9,7 @@ import pytest
 from vllm_operator.models.gpu_node import GPUNodeStatus
 from vllm_operator.tuning.gpus import (
     match_product,
+    node_profile,
     profile_from_gpu_node,
     profile_from_labels,
     profile_from_product,
@@ -159,3 +160,18 @@ def test_a_power_capped_gpu_and_a_narrow_link_become_notes() -> None:
 
 def test_a_gpunode_without_gpus_has_no_profile() -> None:
     assert profile_from_gpu_node(GPUNodeStatus()) is None
+
+
+def test_a_node_is_profiled_from_its_gpunode_before_its_labels() -> None:
+    status = GPUNodeStatus.model_validate({"gpus": [_gpu(0)]})
+    from_status = node_profile(LABELS, status, node="n")
+    assert from_status is not None
+    assert (from_status.name, from_status.source) == ("H200", "GPUNode")
+    from_labels = node_profile(LABELS, GPUNodeStatus(), node="n")
+    assert from_labels is not None
+    assert (from_labels.name, from_labels.source) == ("RTX-4090", "NodeLabels")
+
+
+def test_the_best_group_of_sixteen_pcie_gpus_is_found_quickly() -> None:
+    profile = profile_from_product("L40S", 16, interconnect="pcie")
+    assert profile.best_group(8) == (tuple(range(8)), "PHB")

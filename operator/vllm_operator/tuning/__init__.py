@@ -20,6 +20,7 @@ from vllm_operator.tuning.architecture import Architecture, ArchitectureError
 from vllm_operator.tuning.args import Setting, command_args
 from vllm_operator.tuning.gpus import (
     GPUProfile,
+    node_profile,
     profile_from_gpu_node,
     profile_from_labels,
     profile_from_product,
@@ -53,6 +54,7 @@ __all__ = [
     "TuningResult",
     "WeightFormat",
     "command_args",
+    "node_profile",
     "plan",
     "plan_service",
     "profile_from_gpu_node",

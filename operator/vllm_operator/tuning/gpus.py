@@ -41,6 +41,7 @@ __all__ = [
     "GPUModel",
     "GPUProfile",
     "match_product",
+    "node_profile",
     "profile_from_gpu_node",
     "profile_from_labels",
     "profile_from_product",
@@ -201,22 +202,27 @@ class GPUProfile:
     def best_group(self, size: int) -> tuple[tuple[int, ...], LinkKind | None] | None:
         """The set of ``size`` GPUs whose worst link is best, with that link; None if too few.
 
-        Exhaustive over combinations: nodes have at most 16 GPUs, and sizes are powers of
-        two or small, so this stays in the thousands.
+        Exhaustive over combinations (a node has at most 16 GPUs), stopping at the first
+        group as good as the node's best link.
         """
         if size > self.count or size < 1:
             return None
         if size == 1:
             return (0,), None
-        best: tuple[tuple[int, ...], LinkKind] | None = None
+        table = {frozenset((a, b)): LINK_ORDER.index(kind) for a, b, kind in self.links}
+        worst_kind = len(LINK_ORDER) - 1  # SYS, for a pair the node did not report
+        best_possible = min(table.values(), default=worst_kind)
+        best: tuple[tuple[int, ...], int] | None = None
         for group in itertools.combinations(range(self.count), size):
-            worst = self.worst_link(group)
-            assert worst is not None
-            if best is None or LINK_ORDER.index(worst) < LINK_ORDER.index(best[1]):
+            worst = max(
+                table.get(frozenset(pair), worst_kind) for pair in itertools.combinations(group, 2)
+            )
+            if best is None or worst < best[1]:
                 best = (group, worst)
-                if worst == "NVLink":
+                if worst == best_possible:
                     break
-        return best
+        assert best is not None
+        return best[0], LINK_ORDER[best[1]]
 
     def describe(self) -> str:
         mem = self.memory_bytes / 1024**3
@@ -420,6 +426,20 @@ def profile_from_gpu_node(status: GPUNodeStatus, *, node: str | None = None) -> 
         links_assumed=assumed,
         notes=tuple(_gpu_notes(status, node)),
     )
+
+
+def node_profile(
+    labels: Mapping[str, str],
+    status: GPUNodeStatus | None = None,
+    *,
+    node: str | None = None,
+) -> GPUProfile | None:
+    """A node's profile: from its GPUNode status when the agent wrote one, else its labels."""
+    if status is not None:
+        profile = profile_from_gpu_node(status, node=node)
+        if profile is not None:
+            return profile
+    return profile_from_labels(labels, node=node)
 
 
 def names() -> Sequence[str]:
