@@ -13,7 +13,10 @@ checkout, and the models it serves are tiny random-weight Llamas written by
 
 The server runs in its own process group and is stopped with it, so no engine worker
 outlives a test. Starting one takes ~40 s on two cores and it uses them fully while it
-starts: run one at a time (:class:`OneServer` enforces that inside one process).
+starts: run one at a time. :class:`OneServer` enforces that inside one process, and a
+machine-wide lock (``$VLLM_OP_CACHE/vllm-server.lock``) across processes: a second
+exclusive server waits until the first stops (``exclusive=False`` opts out, for example for
+a local cluster that needs two vLLM pods at once).
 
 This module does not import pytest; the fixtures live in ``e2e.vllm_fixtures``.
 """
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import os
 import re
 import signal
@@ -141,6 +145,42 @@ def live_group_members(pgid: int) -> list[int]:
     return members
 
 
+def _lock_path() -> Path:
+    default = Path.home() / ".cache" / "vllm-operator"
+    return Path(os.environ.get("VLLM_OP_CACHE", default)) / "vllm-server.lock"
+
+
+def _acquire_machine_lock(timeout_s: float) -> int:
+    """Hold the machine-wide server lock: one exclusive server at a time, across processes.
+
+    Two pytest sessions (or a session and a local cluster) would otherwise each start a
+    server, and on two cores both crawl. The lock is a flock, so a crashed holder frees it.
+    """
+    path = _lock_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    deadline = time.monotonic() + timeout_s
+    announced = False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                holder = path.read_text().strip() or "unknown"
+                raise VllmServerError(
+                    f"another vLLM server ({holder}) held {path} for {timeout_s:g}s"
+                ) from None
+            if not announced:
+                print(f"Waiting for {path}: another vLLM server is running", file=sys.stderr)
+                announced = True
+            time.sleep(0.5)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()}\n".encode(), 0)
+    return fd
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
@@ -182,6 +222,8 @@ class VllmServer:
         env: Mapping[str, str] | None = None,
         log_path: Path | str | None = None,
         startup_timeout_s: float = 300.0,
+        exclusive: bool = True,
+        lock_timeout_s: float | None = None,
     ) -> None:
         self.settings = ServerSettings(
             model=Path(model),
@@ -197,6 +239,13 @@ class VllmServer:
         self.host = host
         self.port = port or free_port(host)
         self.startup_timeout_s = startup_timeout_s
+        self.exclusive = exclusive
+        self.lock_timeout_s = (
+            float(os.environ.get("VLLM_SERVER_LOCK_TIMEOUT", "1800"))
+            if lock_timeout_s is None
+            else lock_timeout_s
+        )
+        self._lock: int | None = None
         if log_path is None:
             handle, name = tempfile.mkstemp(prefix="vllm-server-", suffix=".log")
             os.close(handle)
@@ -243,17 +292,23 @@ class VllmServer:
     def start(self) -> VllmServer:
         if self.process is not None:
             raise RuntimeError("server already started")
+        if self.exclusive:
+            self._lock = _acquire_machine_lock(self.lock_timeout_s)
         started = time.monotonic()
-        with self.log_path.open("wb") as log:
-            self.process = subprocess.Popen(
-                self.command(),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=self.environment(),
-                # Own process group: stop() ends the engine core and every worker with it.
-                start_new_session=True,
-            )
+        try:
+            with self.log_path.open("wb") as log:
+                self.process = subprocess.Popen(
+                    self.command(),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=self.environment(),
+                    # Own process group: stop() ends the engine core and every worker with it.
+                    start_new_session=True,
+                )
+        except BaseException:
+            self._release_lock()
+            raise
         try:
             self._wait_healthy(started + self.startup_timeout_s)
         except BaseException:
@@ -312,6 +367,12 @@ class VllmServer:
         deadline = time.monotonic() + 10
         while live_group_members(process.pid) and time.monotonic() < deadline:
             time.sleep(0.05)
+        self._release_lock()
+
+    def _release_lock(self) -> None:
+        if self._lock is not None:
+            os.close(self._lock)  # closing the descriptor releases the flock
+            self._lock = None
 
     def __enter__(self) -> VllmServer:
         return self.start()

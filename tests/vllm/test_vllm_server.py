@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 import httpx
 import pytest
+from e2e import vllm_server as server_module
 from e2e.vllm_server import (
     TINY_MODELS,
     OneServer,
     VllmServer,
+    VllmServerError,
     live_group_members,
     parse_kv_cache_capacity,
 )
@@ -98,3 +102,18 @@ def test_stopping_the_server_ends_its_whole_process_group(
     vllm_servers.stop()
     assert not vllm_server.running
     assert live_group_members(group) == []
+
+
+def test_a_second_exclusive_server_waits_for_the_machine_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VLLM_OP_CACHE", str(tmp_path))
+    first = server_module._acquire_machine_lock(timeout_s=1)
+    try:
+        started = time.monotonic()
+        with pytest.raises(VllmServerError, match=f"pid {os.getpid()}"):
+            server_module._acquire_machine_lock(timeout_s=0.6)
+        assert time.monotonic() - started >= 0.6
+    finally:
+        os.close(first)
+    os.close(server_module._acquire_machine_lock(timeout_s=0))  # free again once released
