@@ -32,6 +32,9 @@ LABEL_INSTANCE: Final = "app.kubernetes.io/instance"
 LABEL_COMPONENT: Final = "app.kubernetes.io/component"
 LABEL_SERVICE: Final = f"{GROUP}/inference-service"
 LABEL_BENCHMARK: Final = f"{GROUP}/inference-benchmark"
+# On warmup Jobs and their pods: the InferenceService they warm. Not the selector label,
+# so the Service, the ReplicaSet and the pod lists never count a warmup pod as a server.
+LABEL_WARMUP_FOR: Final = f"{GROUP}/warmup-for"
 
 # Node labels. Product, memory and count follow NVIDIA GPU Feature Discovery, so nodes that
 # already run GFD need nothing extra; interconnect is ours (the node agent sets it).

@@ -18,6 +18,11 @@ class OperatorSettings(BaseSettings):
         default="vllm/vllm-openai:v0.11.0",
         description="Serving image for InferenceServices that name none.",
     )
+    warmup_image: str = Field(
+        default="vllm-operator:0.1.0",
+        description="Image of the warmup Jobs: this operator's own image (it has the "
+        "vllm-operator command).",
+    )
     namespaces: list[str] = Field(
         default_factory=list,
         description="Namespaces to watch (JSON list); empty watches the whole cluster.",

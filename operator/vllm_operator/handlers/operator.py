@@ -21,6 +21,7 @@ from vllm_operator.constants import (
     GROUP,
     KIND_INFERENCE_SERVICE,
     LABEL_SERVICE,
+    LABEL_WARMUP_FOR,
     PLURAL_INFERENCE_SERVICE,
     VERSION,
 )
@@ -171,6 +172,13 @@ async def service_event(body: kopf.Body, namespace: str | None, memo: Any, **_: 
 @kopf.on.event("policy", "v1", "poddisruptionbudgets", labels={LABEL_SERVICE: kopf.PRESENT})
 async def pdb_event(body: kopf.Body, namespace: str | None, memo: Any, **_: Any) -> None:
     _owner_event(body, namespace, memo)
+
+
+@kopf.on.event("batch", "v1", "jobs", labels={LABEL_WARMUP_FOR: kopf.PRESENT})
+async def warmup_job_event(body: kopf.Body, namespace: str | None, memo: Any, **_: Any) -> None:
+    owner = body.get("metadata", {}).get("labels", {}).get(LABEL_WARMUP_FOR)
+    if owner and namespace:
+        memo.queue.add((namespace, owner))
 
 
 @kopf.on.event("", "v1", "pods", labels={LABEL_SERVICE: kopf.PRESENT})

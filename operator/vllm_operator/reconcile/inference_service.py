@@ -22,10 +22,11 @@ from vllm_operator.constants import (
 )
 from vllm_operator.k8s.api import ApiError, ClusterAPI, Manifest
 from vllm_operator.models import InferenceService, InferenceServiceStatus
-from vllm_operator.models.inference_service import EffectiveTuning
+from vllm_operator.models.inference_service import EffectiveTuning, WarmupStatus
 from vllm_operator.reconcile.conditions import condition, find
 from vllm_operator.reconcile.plan import plan_inference_service
 from vllm_operator.reconcile.status import Observed, Problem, compute_status
+from vllm_operator.reconcile.warmup import reconcile_warmups
 from vllm_operator.render.deployment import build_deployment, gpus_per_replica
 from vllm_operator.render.meta import deployment_name, selector_string
 from vllm_operator.render.pdb import build_pdb
@@ -257,13 +258,22 @@ async def reconcile_inference_service(
         deployment = await api.get("apps/v1", "Deployment", deployment_name(isvc), ns)
     pods = await api.list("v1", "Pod", ns, label_selector=selector_string(isvc))
 
+    warm = await reconcile_warmups(api, isvc, tuning, pods, image=settings.warmup_image, now=now)
+    warmup_status = isvc.status.warmup if isvc.status else None
+    if warm.cold_ttft_ms is not None or warm.warm_ttft_ms is not None:
+        warmup_status = WarmupStatus(
+            last_cold_ttft_milliseconds=warm.cold_ttft_ms,
+            last_warm_ttft_milliseconds=warm.warm_ttft_ms,
+        )
     observed = Observed(
         tuning=tuning,
         desired_replicas=desired,
         deployment=deployment,
         pods=pods,
         problems=problems,
-        warmup=isvc.status.warmup if isvc.status else None,
+        warmup=warmup_status,
+        warmed=warm.warmed if isvc.spec.warmup.enabled else None,
+        warmup_failures=warm.failures,
     )
     status = compute_status(isvc, observed, now=now)
     old = _stored_status(body)

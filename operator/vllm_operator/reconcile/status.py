@@ -39,6 +39,9 @@ class Observed:
     problems: list[Problem] = field(default_factory=list)
     scale_down_blocked_by: str | None = None
     warmup: WarmupStatus | None = None
+    # From the warmup orchestration, when it ran: pods warmed now, and why others failed.
+    warmed: int | None = None
+    warmup_failures: list[str] = field(default_factory=list)
 
 
 def _pod_condition(pod: Manifest, type_: str) -> bool:
@@ -72,6 +75,18 @@ def _rollout(deployment: Manifest | None, desired: int) -> tuple[bool, int, str]
     return True, ready, f"{ready} of {desired} replicas are ready."
 
 
+def _warmed_up(cond: Any, warmup_on: bool, warmed: int, desired: int, failed: list[str]) -> Any:
+    if not warmup_on:
+        message = "Warmup is disabled; pods take traffic once /health answers."
+        return cond("WarmedUp", True, "WarmupDisabled", message)
+    progress = f"{warmed} of {desired} replicas are warmed up."
+    if warmed >= desired:
+        return cond("WarmedUp", True, "AllReplicasWarmedUp", progress)
+    if failed:
+        return cond("WarmedUp", False, "WarmupFailed", "; ".join(failed)[:1000])
+    return cond("WarmedUp", False, "WarmingUp", progress)
+
+
 def compute_status(
     isvc: InferenceService, observed: Observed, *, now: datetime
 ) -> InferenceServiceStatus:
@@ -82,7 +97,13 @@ def compute_status(
     pods = _live(observed.pods)
     complete, ready, progress = _rollout(observed.deployment, desired)
     warmup_on = isvc.spec.warmup.enabled
-    warmed = sum(_pod_condition(p, WARMED_UP_CONDITION) for p in pods) if warmup_on else ready
+    if not warmup_on:
+        warmed = ready
+    elif observed.warmed is not None:
+        warmed = observed.warmed
+    else:
+        warmed = sum(_pod_condition(p, WARMED_UP_CONDITION) for p in pods)
+    failed = observed.warmup_failures
     stalled = observed.problems[0] if observed.problems else None
 
     def cond(type_: str, status: bool, reason: str, message: str) -> Any:
@@ -96,6 +117,8 @@ def compute_status(
         ready_cond = cond("Ready", True, "AllReplicasReady", progress)
     elif observed.deployment is None:
         ready_cond = cond("Ready", False, "Creating", progress)
+    elif warmup_on and failed and ready < desired:
+        ready_cond = cond("Ready", False, "WarmupFailed", failed[0])
     elif (
         warmup_on
         and ready < desired
@@ -123,16 +146,7 @@ def compute_status(
             stalled.reason if stalled else "NoProblems",
             stalled.message if stalled else "The spec can be satisfied.",
         ),
-        cond(
-            "WarmedUp",
-            (warmed >= desired) if warmup_on else True,
-            ("AllReplicasWarmedUp" if warmed >= desired else "WarmingUp")
-            if warmup_on
-            else "WarmupDisabled",
-            f"{warmed} of {desired} replicas are warmed up."
-            if warmup_on
-            else "Warmup is disabled; pods take traffic once /health answers.",
-        ),
+        _warmed_up(cond, warmup_on, warmed, desired, failed),
         cond(
             "ScaleDownBlocked",
             observed.scale_down_blocked_by is not None,
