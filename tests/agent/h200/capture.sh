@@ -5,13 +5,14 @@
 # probe with. Everything here only reads: the agent runs with --print (always a dry run,
 # its NVML reader refuses every set-call) and nothing else touches a GPU setting.
 #
-#   bash tests/agent/h200/capture.sh OUTDIR      (then: tar of OUTDIR/h200 is the result)
+#   bash tests/agent/h200/capture.sh OUTDIR NAME   (result: OUTDIR/capture.tar.gz of NAME/)
 #
 # Needs: python3 with pydantic and nvidia-ml-py importable, the repo's operator/ on
 # PYTHONPATH, nvidia-smi, and for the comparison PyTorch (skipped when absent).
 set -uo pipefail
-out=${1:?usage: capture.sh OUTDIR}
-cap=$out/h200
+out=${1:?usage: capture.sh OUTDIR NAME}
+name=${2:?usage: capture.sh OUTDIR NAME}
+cap=$out/$name
 mkdir -p "$cap"
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 agent=(python3 -m vllm_operator.agent.cli --print --dry-run --node-name h200)
@@ -40,9 +41,9 @@ step "agent inventory (dry run, no apiserver)"
 
 step "agent power policies (dry run)"
 for p in "Default" "Max" "Watts --watts 500" "Watts --watts 900" "Watts --watts 100"; do
-  name=$(echo "$p" | awk '{print tolower($1) ($3 ? "-" $3 : "")}')
+  file=$(echo "$p" | awk '{print tolower($1) ($3 ? "-" $3 : "")}')
   # shellcheck disable=SC2086
-  "${agent[@]}" --policy $p >"$cap/gpunode-policy-$name.json" 2>>"$cap/agent.log"
+  "${agent[@]}" --policy $p >"$cap/gpunode-policy-$file.json" 2>>"$cap/agent.log"
 done
 
 step "agent bandwidth probe (twice, for repeatability)"
@@ -60,5 +61,5 @@ else
   step "POWER LIMITS DIFFER (before/after):"; cat "$cap/limits-before.csv" "$cap/limits-after.csv" >&2
 fi
 cat "$cap/agent.log" >&2
-tar -C "$out" -czf "$out/h200.tar.gz" h200 && rm -rf "$cap"
+tar -C "$out" -czf "$out/capture.tar.gz" "$name" && rm -rf "$cap"
 ls -la "$out"
