@@ -18,6 +18,7 @@ from typing import Any, Final
 from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from vllm_operator.agent.logs import kv
 from vllm_operator.agent.store import Manifest, StoreError
 from vllm_operator.constants import GROUP, KIND_GPU_NODE, PLURAL_GPU_NODE, VERSION
 
@@ -153,29 +154,28 @@ class KubeStore:
             raise _error(error) from error
 
     async def wait_for_change(self, name: str, *, generation: int | None, timeout: float) -> None:  # noqa: ASYNC109
-        w = watch.Watch()
-        try:
-            async with asyncio.timeout(timeout):
-                async for event in w.stream(
-                    self._custom.list_cluster_custom_object,
-                    GROUP,
-                    VERSION,
-                    PLURAL_GPU_NODE,
-                    field_selector=f"metadata.name={name}",
-                    timeout_seconds=max(1, int(timeout)),
-                ):
-                    obj = event.get("object") or {}
-                    if event.get("type") == "DELETED":
-                        return
-                    if (obj.get("metadata") or {}).get("generation") != generation:
-                        return
-        except TimeoutError:
-            return
-        except ApiException as error:
-            # A watch that fails only costs the prompt reaction; the loop still runs on time.
-            log.debug("Watch of GPUNode failed", extra={"gpuNode": name, "err": str(error)})
-        finally:
-            w.stop()
+        # Watch keeps an ApiClient of its own (to decode events); the context closes it.
+        async with watch.Watch() as w:
+            try:
+                async with asyncio.timeout(timeout):
+                    async for event in w.stream(
+                        self._custom.list_cluster_custom_object,
+                        GROUP,
+                        VERSION,
+                        PLURAL_GPU_NODE,
+                        field_selector=f"metadata.name={name}",
+                        timeout_seconds=max(1, int(timeout)),
+                    ):
+                        obj = event.get("object") or {}
+                        if event.get("type") == "DELETED":
+                            return
+                        if (obj.get("metadata") or {}).get("generation") != generation:
+                            return
+            except TimeoutError:
+                return
+            except ApiException as error:
+                # A failed watch only costs the prompt reaction; the loop still runs on time.
+                log.debug("Failed to watch GPUNode", extra=kv(gpuNode=name, err=str(error)))
 
     async def close(self) -> None:
         await self._api.close()
