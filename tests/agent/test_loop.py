@@ -295,3 +295,19 @@ async def test_node_labels_are_set_only_when_asked(fixture_file: Path) -> None:
     assert store.writes("node-labels") == []
     await make_agent(FixtureReader(fixture_file), store, Clock(), label_node=True).step()
     assert store.node_labels[NODE]["nvidia.com/gpu.count"] == "1"
+
+
+async def test_a_stopped_dry_run_agent_marks_the_status_stale_and_sets_nothing(
+    fixture_file: Path, record: Path
+) -> None:
+    store = RecordingStore()
+    reader = ReadOnlyReader(FixtureReader(fixture_file, record=record))
+    agent = make_agent(reader, store, Clock(), dry_run=True)
+    stop = asyncio.Event()
+    task = asyncio.create_task(agent.run(stop))
+    await until(lambda: store.writes("status"))
+    stop.set()
+    await asyncio.wait_for(task, 5)
+    assert read_recorded_calls(record) == []
+    ready = condition(store, "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "AgentStopped")

@@ -332,47 +332,48 @@ class Agent:
             await asyncio.gather(watcher, stopper, timer, return_exceptions=True)
 
     async def shutdown(self) -> None:
-        """Restore every limit the agent changed and mark the status stale."""
-        if self.config.dry_run:
-            log.info("Stopped; dry run, nothing to restore", extra=kv(gpuNode=self.name))
-            return
+        """Restore every limit the agent changed (none in a dry run), mark the status stale."""
         try:
             obj = await self.store.get(self.name)
             spec, status, generation = _parse(obj)
-            unmanaged = spec.model_copy(update={"power": PowerSpec()})
-            result = await asyncio.to_thread(
-                cycle,
-                self.reader,
-                unmanaged,
-                status,
-                dry_run=False,
-                prober=None,
-                now=self.clock(),
-                generation=generation,
-                node=self.name,
-            )
-            stopped = cond.Fact(
-                cond.READY, "False", "AgentStopped", "the node agent stopped; status not updated"
-            )
-            conditions = cond.merge(
-                result.status.conditions,
-                [
-                    stopped,
-                    *(
-                        cond.Fact(c.type, c.status, c.reason, c.message)
-                        for c in result.status.conditions
-                        if c.type != cond.READY
-                    ),
-                ],
-                now=self.clock(),
-                generation=generation,
-            )
-            final = result.status.model_copy(update={"conditions": conditions})
-            if obj is not None:
-                await self.store.apply_status(self.name, final.to_wire())
+            restored = 0
+            if self.config.dry_run:
+                final = status
+            else:
+                unmanaged = spec.model_copy(update={"power": PowerSpec()})
+                result = await asyncio.to_thread(
+                    cycle,
+                    self.reader,
+                    unmanaged,
+                    status,
+                    dry_run=False,
+                    prober=None,
+                    now=self.clock(),
+                    generation=generation,
+                    node=self.name,
+                )
+                final, restored = result.status, result.set_calls
+            if obj is not None and final is not None:
+                await self.store.apply_status(self.name, _stopped(final, self.clock()).to_wire())
             log.info(
-                "Stopped after restoring power limits",
-                extra=kv(gpuNode=self.name, restored=result.set_calls),
+                "Stopped node agent",
+                extra=kv(gpuNode=self.name, dryRun=self.config.dry_run, restored=restored),
             )
         except Exception:
             log.exception("Failed to restore power limits on stop", extra=kv(gpuNode=self.name))
+
+
+def _stopped(status: GPUNodeStatus, now: datetime) -> GPUNodeStatus:
+    """The status with Ready=False: nobody keeps it current any more."""
+    stopped = cond.Fact(
+        cond.READY, "False", "AgentStopped", "the node agent stopped; status not updated"
+    )
+    others = [
+        cond.Fact(c.type, c.status, c.reason, c.message)
+        for c in status.conditions
+        if c.type != cond.READY
+    ]
+    merged = cond.merge(
+        status.conditions, [stopped, *others], now=now, generation=status.observed_generation
+    )
+    return status.model_copy(update={"conditions": merged})
