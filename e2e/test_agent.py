@@ -204,6 +204,8 @@ def test_a_dry_run_agent_reports_and_changes_nothing(
     assert obj["status"]["power"][0]["dryRun"] is True
     assert agent.stop() == 0
     assert agent.set_calls() == []
+    ready = condition(gpunode(crds, node), "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "AgentStopped")
 
 
 def test_a_probe_request_without_cuda_is_answered_with_the_error(

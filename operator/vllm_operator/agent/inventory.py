@@ -12,8 +12,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from vllm_operator.agent.readings import CLOCK_EVENT_GPU_IDLE, CLOCK_EVENT_REASONS, DeviceReading
-from vllm_operator.agent.readings import NvmlSnapshot as NvmlSnapshot
+from vllm_operator.agent.readings import (
+    CLOCK_EVENT_GPU_IDLE,
+    CLOCK_EVENT_REASONS,
+    DeviceReading,
+    NvmlSnapshot,
+)
 from vllm_operator.agent.topology import Interconnect, interconnect, links
 from vllm_operator.constants import (
     NODE_LABEL_GPU_COUNT,
