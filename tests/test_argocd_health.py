@@ -1,0 +1,554 @@
+"""The Argo CD health checks (deploy/argocd/health/*.lua), run by a real Lua 5.1
+interpreter (lupa embeds PUC Lua; Argo CD runs gopher-lua, which follows Lua 5.1), on
+status snapshots of every kind, and kstatus (sigs.k8s.io/cli-utils, what Flux and
+`kubectl wait`-style tools read) on the same snapshots.
+
+Each row states both verdicts. They must agree through the mapping
+Healthy <-> Current, Progressing <-> InProgress, Degraded <-> Failed, except on the rows
+marked ``differs``, which say why (kstatus calls an object without conditions Current,
+and reads only its generic conditions and Ready).
+
+The InferenceService snapshots are computed by the operator's own ``compute_status``, so
+they are the statuses the operator really writes.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import subprocess
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+from lupa import lua51
+
+from tests.specs import isvc, plan_for
+from vllm_operator.constants import WARMED_UP_CONDITION
+from vllm_operator.reconcile.status import Observed, Problem, compute_status
+
+REPO = Path(__file__).resolve().parents[1]
+HEALTH = REPO / "deploy" / "argocd" / "health"
+GROUP = "inference.vllm-operator.dev/v1alpha1"
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+TO_KSTATUS = {"Healthy": "Current", "Progressing": "InProgress", "Degraded": "Failed"}
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    kind: str
+    obj: dict[str, Any]
+    argo: str
+    kstatus: str
+    differs: str | None = None
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _cond(type_: str, status: str, reason: str, message: str = "") -> dict[str, Any]:
+    return {
+        "type": type_,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": "2026-11-29T12:00:00Z",
+    }
+
+
+def _obj(kind: str, generation: int, status: dict[str, Any] | None) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "apiVersion": GROUP,
+        "kind": kind,
+        "metadata": {"name": "x", "generation": generation},
+        "spec": {},
+    }
+    if kind != "GPUNode":
+        body["metadata"]["namespace"] = "team-a"
+    if status is not None:
+        body["status"] = status
+    return body
+
+
+def _deployment(*, replicas: int, ready: int, updated: int | None = None) -> dict[str, Any]:
+    return {
+        "metadata": {"generation": 1},
+        "status": {
+            "observedGeneration": 1,
+            "replicas": replicas,
+            "readyReplicas": ready,
+            "availableReplicas": ready,
+            "updatedReplicas": replicas if updated is None else updated,
+        },
+    }
+
+
+def _pod(*, warmed: bool) -> dict[str, Any]:
+    conds = [
+        {"type": "ContainersReady", "status": "True"},
+        {"type": "Ready", "status": "True" if warmed else "False"},
+        {"type": WARMED_UP_CONDITION, "status": "True" if warmed else "False"},
+    ]
+    return {"metadata": {"name": "p"}, "status": {"conditions": conds}}
+
+
+def _isvc(
+    *,
+    spec: dict[str, Any] | None = None,
+    deployment: dict[str, Any] | None = None,
+    pods: list[dict[str, Any]] | None = None,
+    problems: list[Problem] | None = None,
+    generation_ahead: int = 0,
+) -> dict[str, Any]:
+    """An InferenceService with the status the operator computes for this observation."""
+    svc = isvc(**(spec if spec is not None else {"warmup": {"enabled": False}}))
+    observed = Observed(
+        tuning=plan_for(svc),
+        desired_replicas=svc.spec.replicas,
+        deployment=deployment,
+        pods=pods or [],
+        problems=problems or [],
+    )
+    status = compute_status(svc, observed, now=NOW).to_wire()
+    body = _obj("InferenceService", (svc.metadata.generation or 1) + generation_ahead, status)
+    body["metadata"]["name"] = svc.metadata.name
+    return body
+
+
+def _edit(body: dict[str, Any], **status: Any) -> dict[str, Any]:
+    out = copy.deepcopy(body)
+    out["status"].update(status)
+    return out
+
+
+_READY_SVC = _isvc(deployment=_deployment(replicas=1, ready=1))
+
+_BENCH_CONDS = {
+    "Pending": [
+        _cond("Ready", "False", "Pending", "waiting for the target to be Ready"),
+        _cond("Reconciling", "True", "Pending", "waiting for the target to be Ready"),
+    ],
+    "Running": [
+        _cond("Ready", "False", "Running", "level 2 of 5"),
+        _cond("Reconciling", "True", "Running", "level 2 of 5"),
+    ],
+    "Succeeded": [_cond("Ready", "True", "Succeeded", "5 levels measured")],
+    "Failed": [
+        _cond("Ready", "False", "JobFailed", "the load generator exited 1"),
+        _cond("Stalled", "True", "JobFailed", "the load generator exited 1"),
+    ],
+}
+
+_GPU_OK = [
+    _cond("Ready", "True", "InventoryRead", "read 2 GPU(s) through NVML"),
+    _cond("PowerCapped", "False", "AtDefaultOrAbove"),
+    _cond("LinkDegraded", "False", "AtMaximum"),
+    _cond("ClocksThrottled", "False", "NotThrottled"),
+]
+
+
+def _gpu(*replace: dict[str, Any]) -> list[dict[str, Any]]:
+    by_type = {c["type"]: c for c in _GPU_OK}
+    for c in replace:
+        by_type[c["type"]] = c
+    return list(by_type.values())
+
+
+_NO_CONDITIONS = "kstatus calls an object without any condition Current"
+_GPU_FACT = "kstatus reads only Ready and the generic conditions; GPU faults are facts"
+
+SNAPSHOTS: dict[str, Snapshot] = {
+    # ---- InferenceService (statuses from compute_status)
+    "a new service without status is progressing": Snapshot(
+        "InferenceService",
+        _obj("InferenceService", 1, None),
+        "Progressing",
+        "Current",
+        differs=_NO_CONDITIONS,
+    ),
+    "a service whose Deployment does not exist yet is progressing": Snapshot(
+        "InferenceService", _isvc(), "Progressing", "InProgress"
+    ),
+    "a service rolling out one of two replicas is progressing": Snapshot(
+        "InferenceService",
+        _isvc(
+            spec={"warmup": {"enabled": False}, "replicas": 2},
+            deployment=_deployment(replicas=2, ready=1),
+        ),
+        "Progressing",
+        "InProgress",
+    ),
+    "a service with old replicas terminating is progressing": Snapshot(
+        "InferenceService",
+        _isvc(deployment=_deployment(replicas=2, ready=1, updated=1)),
+        "Progressing",
+        "InProgress",
+    ),
+    "a service warming up its pods is progressing": Snapshot(
+        "InferenceService",
+        _isvc(spec={}, deployment=_deployment(replicas=1, ready=0), pods=[_pod(warmed=False)]),
+        "Progressing",
+        "InProgress",
+    ),
+    "a service with every replica ready is healthy": Snapshot(
+        "InferenceService", _READY_SVC, "Healthy", "Current"
+    ),
+    "a warmed-up service is healthy": Snapshot(
+        "InferenceService",
+        _isvc(spec={}, deployment=_deployment(replicas=1, ready=1), pods=[_pod(warmed=True)]),
+        "Healthy",
+        "Current",
+    ),
+    "a service scaled to zero is healthy": Snapshot(
+        "InferenceService",
+        _isvc(
+            spec={"warmup": {"enabled": False}, "replicas": 0},
+            deployment=_deployment(replicas=0, ready=0),
+        ),
+        "Healthy",
+        "Current",
+    ),
+    "a service no node can hold is degraded": Snapshot(
+        "InferenceService",
+        _isvc(problems=[Problem("NoNodeHasEnoughGPUs", "A replica needs 16 GPUs on one node")]),
+        "Degraded",
+        "Failed",
+    ),
+    "a service naming a missing Secret is degraded": Snapshot(
+        "InferenceService",
+        _isvc(
+            deployment=_deployment(replicas=1, ready=1),
+            problems=[Problem("SecretNotFound", "Secret hf does not exist")],
+        ),
+        "Degraded",
+        "Failed",
+    ),
+    "a ready service whose new generation is not observed yet is progressing": Snapshot(
+        "InferenceService",
+        _isvc(deployment=_deployment(replicas=1, ready=1), generation_ahead=1),
+        "Progressing",
+        "InProgress",
+    ),
+    "a stalled service whose fix is not observed yet is progressing": Snapshot(
+        "InferenceService",
+        _isvc(problems=[Problem("WeightsDoNotFit", "70B in 24 GiB")], generation_ahead=2),
+        "Progressing",
+        "InProgress",
+    ),
+    "a service with status but no conditions is progressing": Snapshot(
+        "InferenceService",
+        _edit(_READY_SVC, conditions=[]),
+        "Progressing",
+        "Current",
+        differs=_NO_CONDITIONS,
+    ),
+    # ---- InferenceBenchmark
+    "a benchmark without status is progressing": Snapshot(
+        "InferenceBenchmark",
+        _obj("InferenceBenchmark", 1, None),
+        "Progressing",
+        "Current",
+        differs=_NO_CONDITIONS,
+    ),
+    "a pending benchmark is progressing": Snapshot(
+        "InferenceBenchmark",
+        _obj(
+            "InferenceBenchmark",
+            1,
+            {"observedGeneration": 1, "phase": "Pending", "conditions": _BENCH_CONDS["Pending"]},
+        ),
+        "Progressing",
+        "InProgress",
+    ),
+    "a running benchmark is progressing": Snapshot(
+        "InferenceBenchmark",
+        _obj(
+            "InferenceBenchmark",
+            1,
+            {"observedGeneration": 1, "phase": "Running", "conditions": _BENCH_CONDS["Running"]},
+        ),
+        "Progressing",
+        "InProgress",
+    ),
+    "a succeeded benchmark is healthy": Snapshot(
+        "InferenceBenchmark",
+        _obj(
+            "InferenceBenchmark",
+            1,
+            {
+                "observedGeneration": 1,
+                "phase": "Succeeded",
+                "conditions": _BENCH_CONDS["Succeeded"],
+            },
+        ),
+        "Healthy",
+        "Current",
+    ),
+    "a failed benchmark is degraded": Snapshot(
+        "InferenceBenchmark",
+        _obj(
+            "InferenceBenchmark",
+            1,
+            {"observedGeneration": 1, "phase": "Failed", "conditions": _BENCH_CONDS["Failed"]},
+        ),
+        "Degraded",
+        "Failed",
+    ),
+    "a benchmark edited after it succeeded is progressing until observed": Snapshot(
+        "InferenceBenchmark",
+        _obj(
+            "InferenceBenchmark",
+            2,
+            {
+                "observedGeneration": 1,
+                "phase": "Succeeded",
+                "conditions": _BENCH_CONDS["Succeeded"],
+            },
+        ),
+        "Progressing",
+        "InProgress",
+    ),
+    "a failed benchmark with a phase but no Stalled condition is degraded": Snapshot(
+        "InferenceBenchmark",
+        _obj("InferenceBenchmark", 1, {"observedGeneration": 1, "phase": "Failed"}),
+        "Degraded",
+        "Current",
+        differs="kstatus reads conditions, not phase: a benchmark must mirror Failed as "
+        "Stalled=True for Flux to see it",
+    ),
+    # ---- GPUNode
+    "a GPU node the agent has not reported yet is progressing": Snapshot(
+        "GPUNode", _obj("GPUNode", 1, None), "Progressing", "Current", differs=_NO_CONDITIONS
+    ),
+    "a GPU node with every GPU in order is healthy": Snapshot(
+        "GPUNode",
+        _obj("GPUNode", 1, {"observedGeneration": 1, "conditions": _gpu()}),
+        "Healthy",
+        "Current",
+    ),
+    "a GPU node whose power policy is not applied yet is progressing": Snapshot(
+        "GPUNode",
+        _obj("GPUNode", 3, {"observedGeneration": 2, "conditions": _gpu()}),
+        "Progressing",
+        "InProgress",
+    ),
+    "a GPU node capped by its own power policy is healthy": Snapshot(
+        "GPUNode",
+        _obj(
+            "GPUNode",
+            1,
+            {
+                "observedGeneration": 1,
+                "conditions": _gpu(
+                    _cond("PowerCapped", "True", "CappedByPowerPolicy", "GPU 0: limit 300 W")
+                ),
+            },
+        ),
+        "Healthy",
+        "Current",
+    ),
+    "a GPU node with throttled clocks is healthy and says so": Snapshot(
+        "GPUNode",
+        _obj(
+            "GPUNode",
+            1,
+            {
+                "observedGeneration": 1,
+                "conditions": _gpu(
+                    _cond(
+                        "ClocksThrottled", "True", "SwThermalSlowdown", "GPU 1: SwThermalSlowdown"
+                    )
+                ),
+            },
+        ),
+        "Healthy",
+        "Current",
+    ),
+    "a GPU node silently power capped is degraded": Snapshot(
+        "GPUNode",
+        _obj(
+            "GPUNode",
+            1,
+            {
+                "observedGeneration": 1,
+                "conditions": _gpu(
+                    _cond(
+                        "PowerCapped",
+                        "True",
+                        "LimitBelowDefault",
+                        "GPU 0 (RTX 4090): limit 300 W, default 450 W",
+                    )
+                ),
+            },
+        ),
+        "Degraded",
+        "Current",
+        differs=_GPU_FACT,
+    ),
+    "a GPU node with a narrowed PCIe link is degraded": Snapshot(
+        "GPUNode",
+        _obj(
+            "GPUNode",
+            1,
+            {
+                "observedGeneration": 1,
+                "conditions": _gpu(
+                    _cond("LinkDegraded", "True", "PCIeWidthReduced", "GPU 0: x8 of x16")
+                ),
+            },
+        ),
+        "Degraded",
+        "Current",
+        differs=_GPU_FACT,
+    ),
+    "a GPU node whose NVML cannot be read is degraded": Snapshot(
+        "GPUNode",
+        _obj(
+            "GPUNode",
+            1,
+            {
+                "observedGeneration": 1,
+                "conditions": [
+                    _cond("Ready", "False", "NVMLUnavailable", "libnvidia-ml.so.1 not found")
+                ],
+            },
+        ),
+        "Degraded",
+        "InProgress",
+        differs="kstatus cannot tell a Ready=False that will pass from one that will not",
+    ),
+    "a GPU node reported stalled is degraded": Snapshot(
+        "GPUNode",
+        _obj(
+            "GPUNode",
+            1,
+            {
+                "observedGeneration": 1,
+                "conditions": [
+                    _cond("Stalled", "True", "PowerOutOfRange", "600 W is above the maximum 450 W"),
+                    *_gpu(),
+                ],
+            },
+        ),
+        "Degraded",
+        "Failed",
+    ),
+}
+
+
+# --------------------------------------------------------------------------- runners
+
+
+def _to_lua(runtime: Any, value: Any) -> Any:
+    if isinstance(value, dict):
+        return runtime.table_from({k: _to_lua(runtime, v) for k, v in value.items()})
+    if isinstance(value, list):
+        return runtime.table_from([_to_lua(runtime, v) for v in value])
+    return value
+
+
+def argo_health(kind: str, obj: dict[str, Any]) -> tuple[str, str]:
+    """(status, message) from the Lua script for ``kind``, as Argo CD runs it: the object
+    as the global ``obj``, the script's return value as the health."""
+    runtime = lua51.LuaRuntime(unpack_returned_tuples=False)
+    assert runtime.eval("_VERSION") == "Lua 5.1"
+    runtime.globals().obj = _to_lua(runtime, json.loads(json.dumps(obj)))
+    result = runtime.execute((HEALTH / f"{kind}.lua").read_text())
+    return str(result["status"]), str(result["message"])
+
+
+@cache
+def _kstatus_binary() -> str:
+    proc = subprocess.run(
+        ["bash", str(REPO / "e2e" / "kstatus" / "build.sh")],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=900,
+    )
+    assert proc.returncode == 0, f"building e2e/kstatus failed:\n{proc.stderr}"
+    return proc.stdout.strip().splitlines()[-1]
+
+
+@cache
+def _kstatus_all() -> dict[str, str]:
+    names = list(SNAPSHOTS)
+    proc = subprocess.run(
+        [_kstatus_binary()],
+        input=json.dumps([SNAPSHOTS[n].obj for n in names]),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return {n: v["status"] for n, v in zip(names, json.loads(proc.stdout), strict=True)}
+
+
+# --------------------------------------------------------------------------- tests
+
+
+def test_there_are_at_least_twenty_snapshots_over_every_kind_and_verdict() -> None:
+    assert len(SNAPSHOTS) >= 20
+    assert {s.kind for s in SNAPSHOTS.values()} == {
+        "InferenceService",
+        "InferenceBenchmark",
+        "GPUNode",
+    }
+    assert {s.argo for s in SNAPSHOTS.values()} == {"Healthy", "Progressing", "Degraded"}
+    # Every case the issue names: progressing, healthy, degraded, stalled, stale generation.
+    assert any("stalled" in n or "no node" in n for n in SNAPSHOTS)
+    assert any("not observed yet" in n for n in SNAPSHOTS)
+
+
+@pytest.mark.parametrize("name", list(SNAPSHOTS))
+def test_the_argo_cd_health_check(name: str) -> None:
+    snap = SNAPSHOTS[name]
+    status, message = argo_health(snap.kind, snap.obj)
+    assert status == snap.argo, message
+    assert message  # Argo CD shows it beside the status
+
+
+@pytest.mark.parametrize("name", list(SNAPSHOTS))
+def test_kstatus_gives_the_matching_verdict(name: str) -> None:
+    snap = SNAPSHOTS[name]
+    got = _kstatus_all()[name]
+    assert got == snap.kstatus
+    if snap.differs is None:
+        assert TO_KSTATUS[snap.argo] == got, "Argo CD and kstatus disagree"
+    else:
+        assert TO_KSTATUS[snap.argo] != got, f"no longer differs ({snap.differs}): unmark it"
+
+
+def test_the_health_checks_use_only_lua_5_1() -> None:
+    # Lua 5.2+ features gopher-lua does not have: goto, integer division, bit operators,
+    # and the utf8 library.
+    for script in HEALTH.glob("*.lua"):
+        text = script.read_text()
+        for token in ("goto ", "//", " & ", " | ", "<<", ">>", "utf8."):
+            assert token not in text.replace("-- ", "--"), f"{script.name} uses {token!r}"
+
+
+def test_a_broken_script_would_fail_these_tests() -> None:
+    # The runner really executes the script: a status it cannot index raises, and a
+    # script returning something else is seen as such.
+    runtime = lua51.LuaRuntime()
+    runtime.globals().obj = _to_lua(runtime, {"metadata": {}})
+    result = runtime.execute('local hs = {} hs.status = "Healthy" hs.message = "x" return hs')
+    assert result["status"] == "Healthy"
+    with pytest.raises(Exception, match="attempt to index"):
+        runtime.execute("return obj.status.conditions")
+
+
+def test_the_argocd_cm_patch_is_current() -> None:
+    spec = importlib.util.spec_from_file_location(
+        "render_cm", REPO / "deploy" / "argocd" / "render_cm.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--check"]) == 0, "run: python deploy/argocd/render_cm.py"
