@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from e2e.cluster import pod_runner
 from e2e.cluster.cluster import ClusterHandle, Settings, up
 
 REPO = Path(__file__).parents[1]
@@ -88,6 +89,8 @@ def dev_up(timeout: int) -> int:
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", crds)
     cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", crds)
     start_operator(cluster, settings)
+    runner = pod_runner.start(settings.state_dir, cluster.kubeconfig)
+    print(f"[dev] the pod runner puts a real CPU vLLM behind marked pods (pid {runner})")
     if cluster.kubectl("get", "namespace", NAMESPACE, check=False).returncode != 0:
         cluster.kubectl("create", "namespace", NAMESPACE)
     cluster.kubectl("apply", "-n", NAMESPACE, "-f", str(SAMPLE))
@@ -114,8 +117,56 @@ def dev_up(timeout: int) -> int:
     for arg in status["tuning"]["arguments"]:
         print(f"  --{arg['name']}={arg['value']}  ({arg['source']}: {arg['reason']})")
     print(
-        f"[dev] tiny-chat is Ready after {time.monotonic() - started:.1f} s; endpoint "
-        f"{status['endpoint']}"
+        f"[dev] tiny-chat is Ready after {time.monotonic() - started:.1f} s; in-cluster "
+        f"endpoint {status['endpoint']}"
+    )
+    warm = status.get("warmup") or {}
+    print(
+        f"[dev] warmup: cold TTFT {warm.get('lastColdTtftMilliseconds')} ms, warm TTFT "
+        f"{warm.get('lastWarmTtftMilliseconds')} ms"
+    )
+    return chat(cluster)
+
+
+def chat(cluster: ClusterHandle) -> int:
+    """One real chat completion from the sample, sent to its Ready pod's address: the
+    local cluster has no Service proxy (kube-proxy needs a real node, and the
+    EndpointSlice controller refuses endpoints on loopback addresses)."""
+    import httpx
+
+    pods = json.loads(
+        cluster.kubectl(
+            "get",
+            "pods",
+            "-n",
+            NAMESPACE,
+            "-l",
+            "inference.vllm-operator.dev/inference-service=tiny-chat",
+            "-o",
+            "json",
+        ).stdout
+    )["items"]
+    ready = [
+        p
+        for p in pods
+        if any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"]["conditions"])
+    ]
+    if not ready:
+        print("[dev] no Ready pod to ask", file=sys.stderr)
+        return 1
+    url = f"http://{ready[0]['status']['podIP']}:8000/v1/chat/completions"
+    body = {
+        "model": "tiny-llama",
+        "messages": [{"role": "user", "content": "Say hello to the operator."}],
+        "max_tokens": 24,
+    }
+    response = httpx.post(url, json=body, timeout=60)
+    response.raise_for_status()
+    answer = response.json()
+    print(f"[dev] POST {url}")
+    print(
+        f"[dev] answer ({answer['usage']['completion_tokens']} tokens; the weights are "
+        f"random): {answer['choices'][0]['message']['content']!r}"
     )
     return 0
 
@@ -126,7 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=int, default=300, help="seconds to wait for Ready")
     args = parser.parse_args(argv)
     if args.action == "down":
-        stop_operator(Settings.from_env())
+        settings = Settings.from_env()
+        stop_operator(settings)
+        pod_runner.stop(settings.state_dir)
         return 0
     return dev_up(args.timeout)
 
