@@ -1,0 +1,497 @@
+"""``vllm-operator bench``: load-test an OpenAI-compatible endpoint and report what it did.
+
+Standalone, the run is described by flags::
+
+    vllm-operator bench --endpoint http://127.0.0.1:8000 --model m \\
+        --prompt-tokens lognormal:300,0.9,10,2000 --output-tokens uniform:50-1500 \\
+        --arrival pulse --rate 4 --pulse 0.4,10,60 --duration 120 --slo-ttft-ms 500
+
+As the InferenceBenchmark Job, by the object's spec::
+
+    vllm-operator bench --spec-file spec.json --endpoint URL --model NAME --output-dir DIR \\
+        [--dataset-file F] [--trace-file F] [--termination-log /dev/termination-log]
+
+Both paths build the same :class:`~vllm_operator.models.inference_benchmark.InferenceBenchmarkSpec`
+and run it (:func:`vllm_operator.bench.run.run_benchmark`). Outputs land in ``--output-dir``:
+``results.json`` (every request), ``status.json`` (the InferenceBenchmark status) and
+``report.html``; a table goes to the terminal, and with ``--termination-log`` a compact
+status (at most 4 KiB, the Kubernetes limit) goes to that file.
+
+Length distributions: ``N`` or ``fixed:N``; ``uniform:MIN-MAX``; ``normal:MEAN,STDDEV[,MIN,MAX]``;
+``lognormal:MEDIAN,SIGMA[,MIN,MAX]``; ``buckets:MIN-MAX:WEIGHT,MIN-MAX:WEIGHT,...``.
+
+Exit codes: 0 the benchmark ran; 1 it could not run (server unreachable, preflight
+failed); 2 bad arguments; 3 it ran but, with ``--fail-on-slo``, the headline level missed
+the SLO or the client was the bottleneck.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_SLO = 3
+
+TERMINATION_MESSAGE_LIMIT = 4096
+
+# Flags that describe the run; they conflict with --spec-file (which describes it too).
+_SPEC_FLAGS = (
+    "prompt_tokens", "output_tokens", "dataset_spec", "arrival", "rate", "burstiness", "pulse",
+    "concurrency", "requests", "duration", "slo_ttft_ms", "slo_tpot_ms", "slo_e2e_ms",
+    "sweep_rates", "sweep_concurrencies", "search", "target_attainment", "max_probes", "api",
+    "no_stream", "seed",
+)  # fmt: skip
+
+
+def parse_distribution(text: str) -> dict[str, Any]:
+    """A length distribution flag → the API's LengthDistribution (wire form)."""
+    kind, _, rest = text.partition(":")
+    if not rest:
+        kind, rest = "fixed", kind
+    kind = kind.lower()
+    try:
+        if kind == "fixed":
+            return {"type": "Fixed", "value": int(rest)}
+        if kind == "uniform":
+            lo, hi = _range(rest)
+            return {"type": "Uniform", "min": lo, "max": hi}
+        if kind in ("normal", "lognormal"):
+            parts = rest.split(",")
+            if len(parts) not in (2, 4):
+                raise ValueError("need 2 or 4 values")
+            if kind == "normal":
+                out: dict[str, Any] = {
+                    "type": "Normal",
+                    "mean": int(parts[0]),
+                    "stddev": int(parts[1]),
+                }
+            else:
+                out = {"type": "LogNormal", "median": int(parts[0]), "sigma": float(parts[1])}
+            if len(parts) == 4:
+                out["min"], out["max"] = int(parts[2]), int(parts[3])
+            return out
+        if kind == "buckets":
+            buckets = []
+            for item in rest.split(","):
+                span, _, weight = item.rpartition(":")
+                lo, hi = _range(span)
+                buckets.append({"min": lo, "max": hi, "weight": float(weight)})
+            return {"type": "Buckets", "buckets": buckets}
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"bad distribution {text!r}: {exc}") from exc
+    raise argparse.ArgumentTypeError(
+        f"bad distribution {text!r}: use fixed, uniform, normal, lognormal or buckets"
+    )
+
+
+def _range(text: str) -> tuple[int, int]:
+    lo, sep, hi = text.replace(",", "-").partition("-")
+    if not sep:
+        raise ValueError(f"not a range MIN-MAX: {text}")
+    return int(lo), int(hi)
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of numbers: {text}") from exc
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text}") from exc
+
+
+def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the bench flags to ``parser``; its ``func`` default runs the benchmark."""
+    target = parser.add_argument_group("target")
+    target.add_argument("--endpoint", help="server base URL, e.g. http://127.0.0.1:8000")
+    target.add_argument("--model", help="served model name (default: first of /v1/models)")
+    target.add_argument(
+        "--api", choices=["completions", "chat"], help="OpenAI API to call (default: chat)"
+    )
+    target.add_argument("--no-stream", action="store_true", help="do not stream (no TTFT/ITL)")
+    target.add_argument(
+        "--tokenizer",
+        help="local tokenizer (folder or tokenizer.json) for exact prompt lengths "
+        "(default: the server's /tokenize)",
+    )
+    target.add_argument(
+        "--allow-eos",
+        action="store_true",
+        help="let the model stop early (default: ignore_eos, so outputs have the planned length)",
+    )
+    target.add_argument(
+        "--header", action="append", default=[], metavar="NAME:VALUE", help="extra HTTP header"
+    )
+
+    spec = parser.add_argument_group("run description (or --spec-file)")
+    spec.add_argument("--spec-file", help="InferenceBenchmark spec (or whole object), JSON or YAML")
+    spec.add_argument("--prompt-tokens", type=parse_distribution, help="prompt length distribution")
+    spec.add_argument("--output-tokens", type=parse_distribution, help="output length distribution")
+    spec.add_argument(
+        "--dataset",
+        dest="dataset_spec",
+        action="store_true",
+        help="take prompts from --dataset-file instead of length distributions",
+    )
+    spec.add_argument(
+        "--arrival",
+        choices=["constant", "poisson", "gamma", "pulse", "closed", "trace"],
+        help="arrival process (default: poisson)",
+    )
+    spec.add_argument("--rate", type=float, help="mean request rate (req/s), open loop")
+    spec.add_argument("--burstiness", type=float, help="gamma shape (1: Poisson; <1 burstier)")
+    spec.add_argument(
+        "--pulse",
+        type=_floats,
+        metavar="FRACTION,WINDOW,PERIOD",
+        help="pulse: FRACTION of each PERIOD's requests in its first WINDOW seconds",
+    )
+    spec.add_argument("--concurrency", type=int, help="requests in flight, closed loop")
+    spec.add_argument("--requests", type=int, help="requests per level")
+    spec.add_argument("--duration", type=int, help="seconds per level")
+    spec.add_argument("--slo-ttft-ms", type=int, help="TTFT deadline (ms from scheduled send)")
+    spec.add_argument("--slo-tpot-ms", type=int, help="time per output token deadline (ms)")
+    spec.add_argument("--slo-e2e-ms", type=int, help="end-to-end deadline (ms from scheduled)")
+    spec.add_argument("--sweep-rates", type=_floats, help="sweep: comma-separated rates")
+    spec.add_argument("--sweep-concurrencies", type=_ints, help="sweep: concurrencies")
+    spec.add_argument(
+        "--search",
+        type=_floats,
+        metavar="MIN,MAX",
+        help="search the highest rate in [MIN, MAX] that meets the SLO",
+    )
+    spec.add_argument("--target-attainment", type=float, help="search: share meeting the SLO")
+    spec.add_argument("--max-probes", type=int, help="search: most levels to run")
+    spec.add_argument("--seed", type=int, help="seed (default 0)")
+
+    files = parser.add_argument_group("inputs and outputs")
+    files.add_argument("--dataset-file", help="JSONL prompts (prompt or messages per line)")
+    files.add_argument("--trace-file", help="JSONL trace (timestamp, optional lengths)")
+    files.add_argument(
+        "--output-dir", default="bench-results", help="where results go (default: %(default)s)"
+    )
+    files.add_argument("--no-html", action="store_true", help="skip report.html")
+    files.add_argument(
+        "--termination-log", help="also write a compact status here (e.g. /dev/termination-log)"
+    )
+    files.add_argument(
+        "--from-results",
+        help="do not run: redraw the table and HTML from an earlier results.json",
+    )
+
+    client = parser.add_argument_group("client")
+    client.add_argument(
+        "--max-in-flight",
+        type=int,
+        help="cap on requests in flight (queueing beyond it shows as schedule lag)",
+    )
+    client.add_argument(
+        "--request-timeout", type=float, default=600.0, help="seconds per request without SLO"
+    )
+    client.add_argument(
+        "--drain-timeout", type=float, help="seconds to let a level's last requests finish"
+    )
+    client.add_argument(
+        "--lag-limit-ms",
+        type=float,
+        default=5.0,
+        help="schedule lag P99 above which the client is the bottleneck (default: %(default)s)",
+    )
+    client.add_argument("--no-progress", action="store_true", help="no progress bar")
+    client.add_argument("--fail-on-slo", action="store_true", help="exit 3 when the SLO is missed")
+    client.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.set_defaults(func=_cmd_bench)
+    return parser
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``bench`` on the top-level CLI's subparsers."""
+    parser = subparsers.add_parser(
+        "bench",
+        help="Load-test an OpenAI-compatible endpoint (the InferenceBenchmark Job).",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    return configure(parser)
+
+
+def spec_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The InferenceBenchmark spec (wire form) that the flags describe."""
+    process = {
+        None: "Poisson",
+        "constant": "Constant",
+        "poisson": "Poisson",
+        "gamma": "Gamma",
+        "pulse": "Pulse",
+        "closed": "ClosedLoop",
+        "trace": "Trace",
+    }[args.arrival]
+    if args.arrival is None and args.concurrency is not None and args.rate is None:
+        process = "ClosedLoop"
+    arrival: dict[str, Any] = {"process": process}
+    if args.rate is not None:
+        arrival["ratePerSecond"] = args.rate
+    if args.burstiness is not None:
+        arrival["burstiness"] = args.burstiness
+    if args.concurrency is not None:
+        arrival["concurrency"] = args.concurrency
+    if args.pulse is not None:
+        if len(args.pulse) != 3:
+            raise ValueError("--pulse needs FRACTION,WINDOW,PERIOD")
+        f, w, p = args.pulse
+        arrival["pulse"] = {"fraction": f, "windowSeconds": w, "periodSeconds": p}
+    if process == "Trace":
+        arrival["trace"] = {"name": "trace-file", "key": "trace.jsonl"}
+    workload: dict[str, Any] = {}
+    if args.dataset_spec or (args.dataset_file and args.prompt_tokens is None):
+        workload["dataset"] = {"name": "dataset-file", "key": "dataset.jsonl"}
+    else:
+        workload["promptTokens"] = args.prompt_tokens or {"type": "Fixed", "value": 128}
+        workload["outputTokens"] = args.output_tokens or {"type": "Fixed", "value": 128}
+    if "dataset" in workload and args.output_tokens is not None:
+        raise ValueError(
+            "--output-tokens does not combine with a dataset (set output_tokens per line)"
+        )
+    if args.requests is None and args.duration is None:
+        args.requests = 100
+    spec: dict[str, Any] = {
+        "targetRef": {"name": "standalone"},
+        "workload": workload,
+        "arrival": arrival,
+        "endpoint": {
+            "api": "Completions" if args.api == "completions" else "ChatCompletions",
+            "stream": not args.no_stream,
+        },
+        "seed": args.seed or 0,
+    }
+    if args.requests is not None:
+        spec["requests"] = args.requests
+    if args.duration is not None:
+        spec["durationSeconds"] = args.duration
+    slo = {
+        k: v
+        for k, v in {
+            "ttftP99Milliseconds": args.slo_ttft_ms,
+            "tpotP99Milliseconds": args.slo_tpot_ms,
+            "e2eP99Milliseconds": args.slo_e2e_ms,
+        }.items()
+        if v is not None
+    }
+    if slo:
+        spec["slo"] = slo
+    if args.sweep_rates or args.sweep_concurrencies:
+        spec["mode"] = "Sweep"
+        spec["sweep"] = {
+            "ratesPerSecond": args.sweep_rates or [],
+            "concurrencies": args.sweep_concurrencies or [],
+        }
+        if args.rate is None and process not in ("ClosedLoop", "Trace"):
+            arrival["ratePerSecond"] = (args.sweep_rates or [1.0])[0]
+    if args.search is not None:
+        if len(args.search) != 2:
+            raise ValueError("--search needs MIN,MAX")
+        spec["mode"] = "Search"
+        search: dict[str, Any] = {
+            "minRatePerSecond": args.search[0],
+            "maxRatePerSecond": args.search[1],
+        }
+        if args.target_attainment is not None:
+            search["targetAttainment"] = args.target_attainment
+        if args.max_probes is not None:
+            search["maxProbes"] = args.max_probes
+        spec["search"] = search
+        if args.rate is None and process not in ("ClosedLoop", "Trace"):
+            arrival["ratePerSecond"] = args.search[0]
+    if process not in ("ClosedLoop", "Trace") and "ratePerSecond" not in arrival:
+        raise ValueError("an open-loop arrival process needs --rate (or --sweep-rates/--search)")
+    return spec
+
+
+def read_spec(path: Path) -> dict[str, Any]:
+    """A spec file: JSON or YAML, either the spec or a whole InferenceBenchmark."""
+    import yaml
+
+    text = path.read_text()
+    data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not an object")
+    if data.get("kind") == "InferenceBenchmark" or "apiVersion" in data:
+        data = data.get("spec") or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: spec is not an object")
+    return data
+
+
+def compact_status(status: dict[str, Any], limit: int = TERMINATION_MESSAGE_LIMIT) -> str:
+    """The status as JSON within ``limit`` bytes, dropping detail until it fits: first the
+    per-bucket breakdowns, then the levels, then all but the
+    headline's key numbers."""
+    levels = status.get("levels", [])
+    candidates = [
+        status,
+        {**status, "levels": [{k: v for k, v in lv.items() if k != "buckets"} for lv in levels]},
+        {**{k: v for k, v in status.items() if k != "levels"}},
+        {
+            **{k: v for k, v in status.items() if k not in ("levels", "headline")},
+            "headline": _slim(status.get("headline")),
+        },
+    ]
+    for candidate in candidates:
+        text = json.dumps(candidate, separators=(",", ":"))
+        if len(text.encode()) <= limit:
+            return text
+    return json.dumps({"truncated": True}, separators=(",", ":"))
+
+
+def _slim(level: Any) -> Any:
+    if not isinstance(level, dict):
+        return level
+    keep = ("ratePerSecond", "concurrency", "requests", "succeeded", "failed",
+            "requestsPerSecond", "sloAttainment", "scheduleLagP99Milliseconds",
+            "clientSaturated")  # fmt: skip
+    return {k: level[k] for k in keep if k in level}
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    # One line per /tokenize call would drown the output.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    from rich.console import Console
+
+    # Logs and files are wider than the 80 columns rich assumes without a terminal.
+    console = Console(width=None if sys.stdout.isatty() else 180)
+    if args.from_results:
+        return _redraw(Path(args.from_results), Path(args.output_dir), console)
+    return _run(args, console)
+
+
+def _redraw(path: Path, out_dir: Path, console: Console) -> int:
+    from vllm_operator.bench.report import render_html
+
+    data = json.loads(path.read_text())
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "report.html").write_text(render_html(data))
+    console.print(f"Wrote {out_dir / 'report.html'}")
+    return EXIT_OK
+
+
+def _run(args: argparse.Namespace, console: Console) -> int:
+    from vllm_operator.bench import timing
+    from vllm_operator.bench.report import ConsoleReporter, print_summary, write_outputs
+    from vllm_operator.bench.result import passed, to_status
+    from vllm_operator.bench.run import (
+        BenchmarkError,
+        RunInputs,
+        RunOptions,
+        run_benchmark,
+        target_attainment,
+    )
+    from vllm_operator.bench.workload import parse_dataset, parse_trace
+    from vllm_operator.models.inference_benchmark import InferenceBenchmarkSpec
+
+    if not args.endpoint:
+        print("vllm-operator bench: --endpoint is required", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        if args.spec_file:
+            given = [f for f in _SPEC_FLAGS if getattr(args, f) not in (None, False)]
+            if given:
+                flags = ", ".join("--" + f.replace("_", "-") for f in given)
+                raise ValueError(f"{flags} conflict with --spec-file (the spec describes the run)")
+            raw = read_spec(Path(args.spec_file))
+        else:
+            raw = spec_from_args(args)
+        spec = InferenceBenchmarkSpec.model_validate(raw)
+        dataset = (
+            parse_dataset(Path(args.dataset_file).read_text().splitlines())
+            if args.dataset_file
+            else None
+        )
+        trace = (
+            parse_trace(Path(args.trace_file).read_text().splitlines()) if args.trace_file else None
+        )
+        headers = {}
+        for item in args.header:
+            name, sep, value = item.partition(":")
+            if not sep:
+                raise ValueError(f"--header needs NAME:VALUE, got {item!r}")
+            headers[name.strip()] = value.strip()
+    except (ValueError, ValidationError, OSError) as exc:
+        print(f"vllm-operator bench: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    options = RunOptions(
+        endpoint=args.endpoint,
+        model=args.model,
+        tokenizer=args.tokenizer,
+        max_in_flight=args.max_in_flight,
+        request_timeout_s=args.request_timeout,
+        drain_timeout_s=args.drain_timeout,
+        lag_limit_s=args.lag_limit_ms / 1e3,
+        ignore_eos=not args.allow_eos,
+        headers=headers,
+    )
+    reporter = ConsoleReporter(console, progress=not args.no_progress)
+    try:
+        result = timing.run(
+            run_benchmark(spec, options, RunInputs(dataset=dataset, trace=trace), reporter)
+        )
+    except BenchmarkError as exc:
+        print(f"vllm-operator bench: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    finally:
+        reporter.close()
+    print_summary(result, console)
+    paths = write_outputs(result, Path(args.output_dir), html_report=not args.no_html)
+    for path in paths.values():
+        console.print(f"Wrote {path}")
+    if args.termination_log:
+        status = to_status(result).to_wire()
+        try:
+            Path(args.termination_log).write_text(compact_status(status))
+        except OSError as exc:
+            logging.getLogger(__name__).warning("Could not write the termination log: %s", exc)
+    if args.fail_on_slo:
+        head = result.headline
+        if head is None or not passed(head.stats, target_attainment(spec)):
+            return EXIT_SLO
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m vllm_operator.bench.cli``: the bench command on its own."""
+    parser = configure(
+        argparse.ArgumentParser(
+            prog="vllm-operator bench",
+            description=__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+    )
+    args = parser.parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

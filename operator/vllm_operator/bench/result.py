@@ -1,0 +1,200 @@
+"""The result of a benchmark run, and its mapping onto the InferenceBenchmark status.
+
+A run is one or more load levels (one for ``Single``, the listed rates or concurrencies for
+``Sweep``, the probes of ``Search``). Each level keeps its raw recording and its summary.
+The run adds what only shows across levels: the knee and, for a search, the highest rate
+that met the SLO.
+
+:func:`to_status` turns a result into the API's
+:class:`~vllm_operator.models.inference_benchmark.InferenceBenchmarkStatus` (latencies in
+milliseconds, measured from the scheduled send time where the API has one set). It fills
+the measured fields only; phase, conditions and ``observedGeneration`` belong to the
+reconcile. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from vllm_operator.bench.records import LevelRecording
+from vllm_operator.bench.search import knee
+from vllm_operator.bench.stats import LatencySummary, LevelStats, Summary
+from vllm_operator.models.inference_benchmark import (
+    BucketResult,
+    InferenceBenchmarkSpec,
+    InferenceBenchmarkStatus,
+    LatencySet,
+    LevelResult,
+    Percentiles,
+)
+
+DEFAULT_TARGET_ATTAINMENT = 0.99
+
+
+@dataclass(frozen=True)
+class LevelOutcome:
+    recording: LevelRecording
+    stats: LevelStats
+    # Whether the level met the SLO (attainment at or above the target, client not the
+    # bottleneck); True when there is no SLO and the client kept up.
+    passed: bool
+
+
+@dataclass(frozen=True)
+class BenchmarkResult:
+    spec: InferenceBenchmarkSpec
+    endpoint: str
+    model: str
+    levels: tuple[LevelOutcome, ...]
+    start_time: datetime
+    end_time: datetime
+    # How prompts were sized: "local", "server" (its /tokenize) or "words" (approximate).
+    tokenizer: str
+    # Search: the highest rate that met the SLO (None: none did, or not a search).
+    best_rate_per_second: float | None = None
+    # Facts about the client machine and versions, for reports.
+    client: dict[str, Any] | None = None
+
+    @property
+    def headline(self) -> LevelOutcome | None:
+        """The only level, or the highest load that passed."""
+        if len(self.levels) == 1:
+            return self.levels[0]
+        passed = [lv for lv in self.levels if lv.passed]
+        if not passed:
+            return None
+        return max(passed, key=lambda lv: _load_key(lv.stats))
+
+    @property
+    def knee(self) -> tuple[float, str] | None:
+        """The knee as (load, unit): "req/s" for rate levels, "concurrency" otherwise."""
+        return knee_of(tuple(lv.stats for lv in self.levels))
+
+    @property
+    def knee_rate_per_second(self) -> float | None:
+        """The knee as a request rate: the offered rate there, or for concurrency levels
+        the rate achieved at the knee's concurrency."""
+        found = self.knee
+        if found is None:
+            return None
+        load, unit = found
+        if unit == "req/s":
+            return load
+        for lv in self.levels:
+            if lv.stats.concurrency == load:
+                return lv.stats.requests_per_second
+        return None
+
+
+def _load_key(stats: LevelStats) -> float:
+    if stats.rate_per_second is not None:
+        return stats.rate_per_second
+    if stats.concurrency is not None:
+        return float(stats.concurrency)
+    return stats.requests_per_second
+
+
+def knee_metric(stats: LevelStats) -> float | None:
+    """P99 latency the knee is found on: TTFT from the scheduled time (queueing shows
+    there first), else E2E for non-streaming runs."""
+    lat = stats.from_scheduled
+    s = lat.ttft or lat.e2e
+    return None if s is None else s.p99
+
+
+def knee_of(levels: tuple[LevelStats, ...]) -> tuple[float, str] | None:
+    rated = [(s.rate_per_second, knee_metric(s)) for s in levels if s.rate_per_second]
+    points = [(x, y) for x, y in rated if x is not None and y is not None]
+    if len(points) >= 3:
+        found = knee(points)
+        return None if found is None else (found, "req/s")
+    conc = [(float(s.concurrency), knee_metric(s)) for s in levels if s.concurrency]
+    cpoints = [(x, y) for x, y in conc if y is not None]
+    found = knee(cpoints)
+    return None if found is None else (found, "concurrency")
+
+
+def passed(stats: LevelStats, target_attainment: float = DEFAULT_TARGET_ATTAINMENT) -> bool:
+    """A level passes when the client kept up and enough requests met the SLO."""
+    if stats.client_saturated:
+        return False
+    return stats.slo_attainment is not None and stats.slo_attainment >= target_attainment
+
+
+# --- status ------------------------------------------------------------------------------
+
+
+def _ms(value: float) -> float:
+    return round(value * 1e3, 3)
+
+
+def percentiles(summary: Summary | None) -> Percentiles | None:
+    if summary is None:
+        return None
+    return Percentiles(
+        p50=_ms(summary.p50),
+        p90=_ms(summary.p90),
+        p95=_ms(summary.p95),
+        p99=_ms(summary.p99),
+        p999=_ms(summary.p999),
+        max=_ms(summary.max),
+    )
+
+
+def latency_set(latency: LatencySummary) -> LatencySet:
+    return LatencySet(
+        ttft=percentiles(latency.ttft),
+        tpot=percentiles(latency.tpot),
+        itl=percentiles(latency.itl),
+        e2e=percentiles(latency.e2e),
+    )
+
+
+def level_result(stats: LevelStats) -> LevelResult:
+    """One level in the API's shape (milliseconds)."""
+    lag = stats.schedule_lag
+    return LevelResult(
+        rate_per_second=stats.rate_per_second,
+        concurrency=stats.concurrency,
+        requests=stats.requests,
+        succeeded=stats.succeeded,
+        failed=stats.failed,
+        errors_by_kind=dict(stats.errors_by_kind),
+        requests_per_second=round(stats.requests_per_second, 4),
+        output_tokens_per_second=round(stats.output_tokens_per_second, 3),
+        goodput_per_second=round(stats.goodput_per_second, 4),
+        slo_attainment=(None if stats.slo_attainment is None else round(stats.slo_attainment, 6)),
+        from_send=latency_set(stats.from_send),
+        from_scheduled=latency_set(stats.from_scheduled),
+        schedule_lag_p99_milliseconds=None if lag is None else _ms(lag.p99),
+        client_saturated=stats.client_saturated,
+        buckets=[
+            BucketResult(
+                min_prompt_tokens=b.min_tokens,
+                max_prompt_tokens=b.max_tokens,
+                requests=b.requests,
+                ttft_p99_milliseconds=None if b.ttft is None else _ms(b.ttft.p99),
+                e2e_p99_milliseconds=None if b.e2e is None else _ms(b.e2e.p99),
+            )
+            for b in stats.buckets
+        ],
+    )
+
+
+def to_status(
+    result: BenchmarkResult, *, results_config_map: str | None = None
+) -> InferenceBenchmarkStatus:
+    """The measured part of the InferenceBenchmark status (no phase or conditions)."""
+    headline = result.headline
+    return InferenceBenchmarkStatus(
+        start_time=result.start_time,
+        completion_time=result.end_time,
+        levels=[level_result(lv.stats) for lv in result.levels],
+        headline=None if headline is None else level_result(headline.stats),
+        knee_rate_per_second=(
+            None if result.knee_rate_per_second is None else round(result.knee_rate_per_second, 4)
+        ),
+        results_config_map=results_config_map,
+    )

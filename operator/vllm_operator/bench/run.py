@@ -1,0 +1,402 @@
+"""Run a benchmark described by an InferenceBenchmark spec against one endpoint.
+
+The spec is the single description of a run, whether it comes from a cluster object (the
+InferenceBenchmark Job passes ``--spec-file``) or from command-line flags (the CLI builds a
+spec from them). This module turns it into load levels and runs them one after another:
+
+- ``Single``: one level at ``arrival.ratePerSecond`` (or ``arrival.concurrency``).
+- ``Sweep``: every rate of ``sweep.ratesPerSecond`` with the spec's arrival process, then
+  every concurrency of ``sweep.concurrencies`` (closed loop).
+- ``Search``: rates chosen by :class:`~vllm_operator.bench.search.RateSearch` between
+  ``search.minRatePerSecond`` and ``search.maxRatePerSecond``; a probe passes when at least
+  ``search.targetAttainment`` of its requests met the SLO and the client kept up.
+
+Each level runs for ``durationSeconds`` and/or ``requests``. Every level sends the same
+sequence of request lengths and prompts (seeded by ``seed`` only), so levels differ only
+in load; arrivals are seeded by ``seed`` and the level's load. A ``Trace`` run replays the
+trace's timestamps; given a rate, it replays them scaled to that mean rate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import logging
+import platform
+import random
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Protocol
+
+from vllm_operator.bench import arrivals
+from vllm_operator.bench.client import Deadlines, LoadClient, Target
+from vllm_operator.bench.records import Load, RequestRecord
+from vllm_operator.bench.result import (
+    DEFAULT_TARGET_ATTAINMENT,
+    BenchmarkResult,
+    LevelOutcome,
+    passed,
+)
+from vllm_operator.bench.search import RateSearch
+from vllm_operator.bench.stats import DEFAULT_LAG_LIMIT_S, LevelStats, Slo, summarize
+from vllm_operator.bench.tokenizer import choose_tokenizer
+from vllm_operator.bench.workload import (
+    DatasetEntry,
+    PromptBuilder,
+    RequestPlan,
+    Tokenizer,
+    TraceEntry,
+    bucket_edges,
+    plan_requests,
+)
+from vllm_operator.models.inference_benchmark import InferenceBenchmarkSpec
+
+logger = logging.getLogger(__name__)
+
+# Distinct prompts built per run at most; longer runs reuse them in order. (Millions of
+# prompts would not fit in memory; a server's prefix cache may then serve repeats.)
+MAX_DISTINCT_PROMPTS = 20_000
+# A closed loop bounded only by time cycles through this many planned requests per worker.
+CLOSED_LOOP_POOL_PER_WORKER = 16
+# Progress is redrawn only when no request is due for this long (a redraw costs the loop
+# about a millisecond, which would show as schedule lag), or after MAX_QUIET_S regardless.
+QUIET_GAP_S = 0.01
+MAX_QUIET_S = 2.0
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How to reach the server and how the client behaves; not part of the spec."""
+
+    endpoint: str
+    model: str | None = None
+    tokenizer: str | None = None
+    max_in_flight: int | None = None
+    request_timeout_s: float = 600.0
+    drain_timeout_s: float | None = None
+    lag_limit_s: float = DEFAULT_LAG_LIMIT_S
+    ignore_eos: bool = True
+    headers: Mapping[str, str] = field(default_factory=dict)
+    default_output_tokens: int = 128
+    # Send one small request first: a wrong model or a server without stream usage fails
+    # fast instead of after a whole level.
+    preflight: bool = True
+    run_id: str = "bench"
+
+
+@dataclass(frozen=True)
+class RunInputs:
+    """Contents the spec refers to by ConfigMap (mounted as files in the Job)."""
+
+    dataset: Sequence[DatasetEntry] | None = None
+    trace: Sequence[TraceEntry] | None = None
+
+
+class Reporter(Protocol):
+    """Progress sink; every method must be cheap (it runs on the sending loop)."""
+
+    def level_started(self, load: Load, total: int | None) -> None: ...
+
+    def request_done(self, rec: RequestRecord) -> None: ...
+
+    def refresh(self) -> None: ...
+
+    def level_finished(self, stats: LevelStats) -> None: ...
+
+
+class BenchmarkError(RuntimeError):
+    """The run cannot start (bad inputs, unreachable server, failed preflight)."""
+
+
+def slo_of(spec: InferenceBenchmarkSpec) -> Slo:
+    s = spec.slo
+
+    def sec(ms: int | None) -> float | None:
+        return None if ms is None else ms / 1e3
+
+    return Slo(
+        ttft_s=sec(s.ttft_p99_milliseconds),
+        tpot_s=sec(s.tpot_p99_milliseconds),
+        e2e_s=sec(s.e2e_p99_milliseconds),
+    )
+
+
+def target_attainment(spec: InferenceBenchmarkSpec) -> float:
+    return spec.search.target_attainment if spec.search is not None else DEFAULT_TARGET_ATTAINMENT
+
+
+def schedule_for(spec: InferenceBenchmarkSpec, load: Load, inputs: RunInputs) -> arrivals.Schedule:
+    """The arrival schedule of one level (seeded by the spec's seed and the load)."""
+    count, duration = spec.requests, spec.duration_seconds
+    dur = None if duration is None else float(duration)
+    if load.concurrency is not None:
+        return arrivals.ClosedLoop(load.concurrency, count=count, duration=dur)
+    arrival = spec.arrival
+    rng = random.Random(f"{spec.seed}:arrivals:{load.process}:{load.rate_per_second!r}")
+    rate = load.rate_per_second
+    match load.process:
+        case "Trace":
+            if not inputs.trace:
+                raise BenchmarkError("arrival process Trace needs the trace (--trace-file)")
+            offsets = [e.offset for e in inputs.trace]
+            native = arrivals.offered_rate(arrivals.OpenLoop(tuple(offsets)))
+            speedup = rate / native if rate is not None and native else 1.0
+            return arrivals.replay(offsets, count=count, duration=dur, speedup=speedup)
+        case "Constant":
+            assert rate is not None
+            return arrivals.constant(rate, count=count, duration=dur)
+        case "Poisson":
+            assert rate is not None
+            return arrivals.poisson(rate, rng, count=count, duration=dur)
+        case "Gamma":
+            assert rate is not None and arrival.burstiness is not None
+            return arrivals.gamma(rate, arrival.burstiness, rng, count=count, duration=dur)
+        case "Pulse":
+            assert rate is not None and arrival.pulse is not None
+            p = arrival.pulse
+            return arrivals.pulse(
+                rate,
+                p.fraction,
+                p.window_seconds,
+                p.period_seconds,
+                rng,
+                count=count,
+                duration=dur,
+            )
+    raise BenchmarkError(f"no schedule for process {load.process}")
+
+
+def fixed_loads(spec: InferenceBenchmarkSpec) -> list[Load]:
+    """The levels of a Single or Sweep run (a Search chooses its own)."""
+    arrival = spec.arrival
+    if spec.mode == "Sweep":
+        assert spec.sweep is not None
+        process = "Poisson" if arrival.process == "ClosedLoop" else arrival.process
+        loads = [Load(rate_per_second=r, process=process) for r in spec.sweep.rates_per_second]
+        loads += [Load(concurrency=c, process="ClosedLoop") for c in spec.sweep.concurrencies]
+        return loads
+    if arrival.process == "ClosedLoop":
+        return [Load(concurrency=arrival.concurrency, process="ClosedLoop")]
+    return [Load(rate_per_second=arrival.rate_per_second, process=arrival.process)]
+
+
+class _Prompts:
+    """Request plans with prompt text, built once and extended as levels need more."""
+
+    def __init__(
+        self,
+        spec: InferenceBenchmarkSpec,
+        inputs: RunInputs,
+        tokenizer: Tokenizer,
+        default_output_tokens: int,
+    ) -> None:
+        self.spec = spec
+        self.inputs = inputs
+        self.builder = PromptBuilder(tokenizer)
+        self.default_output_tokens = default_output_tokens
+        self.plans: list[RequestPlan] = []
+        self.calibrated = False
+        self.mismatched = 0
+
+    def _build(self, n: int) -> None:
+        spec, inputs = self.spec, self.inputs
+        rng = random.Random(f"{spec.seed}:lengths")
+        planned = plan_requests(
+            n,
+            rng,
+            prompt_tokens=spec.workload.prompt_tokens,
+            output_tokens=spec.workload.output_tokens,
+            dataset=inputs.dataset,
+            trace=inputs.trace,
+            default_output_tokens=self.default_output_tokens,
+        )
+        if not self.calibrated and any(p.prompt is None and p.messages is None for p in planned):
+            self.builder.calibrate(random.Random(f"{spec.seed}:calibration"))
+            self.calibrated = True
+        for plan in planned[len(self.plans) :]:
+            if plan.prompt is None and plan.messages is None:
+                text, count = self.builder.build(
+                    plan.prompt_tokens, random.Random(f"{spec.seed}:prompt:{plan.index}")
+                )
+                self.mismatched += count != plan.prompt_tokens
+                plan = RequestPlan(plan.index, count, plan.output_tokens, prompt=text)
+            self.plans.append(plan)
+
+    async def take(self, n: int) -> list[RequestPlan]:
+        n = max(1, min(n, MAX_DISTINCT_PROMPTS))
+        if n > len(self.plans):
+            # The tokenizer may block (HTTP); keep the loop free.
+            await asyncio.to_thread(self._build, n)
+        return self.plans[:n]
+
+
+async def _discover_model(endpoint: str) -> str:
+    import httpx
+
+    async with httpx.AsyncClient(base_url=endpoint.rstrip("/"), timeout=30) as http:
+        try:
+            response = await http.get("/v1/models")
+            response.raise_for_status()
+            return str(response.json()["data"][0]["id"])
+        except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
+            raise BenchmarkError(
+                f"could not learn the model from {endpoint}/v1/models ({exc}); pass --model"
+            ) from exc
+
+
+def _client_facts(options: RunOptions) -> dict[str, object]:
+    import os
+
+    import aiohttp
+
+    return {
+        "host": platform.node(),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "aiohttp": aiohttp.__version__,
+        "cpus": os.cpu_count(),
+        "max_in_flight": options.max_in_flight,
+    }
+
+
+async def run_benchmark(
+    spec: InferenceBenchmarkSpec,
+    options: RunOptions,
+    inputs: RunInputs | None = None,
+    reporter: Reporter | None = None,
+) -> BenchmarkResult:
+    """Run every level of ``spec`` against ``options.endpoint``; see the module docstring.
+
+    Raises :class:`BenchmarkError` when the run cannot start. Request failures never raise:
+    they are recorded and counted.
+    """
+    inputs = inputs or RunInputs()
+    if spec.workload.dataset is not None and not inputs.dataset:
+        raise BenchmarkError("the workload names a dataset; pass its content (--dataset-file)")
+    if spec.arrival.process == "Trace" and not inputs.trace:
+        raise BenchmarkError("arrival process Trace needs the trace (--trace-file)")
+    model = options.model or await _discover_model(options.endpoint)
+    tokenizer, tokenizer_kind = await asyncio.to_thread(
+        choose_tokenizer, options.endpoint, model, options.tokenizer
+    )
+    target = Target(
+        endpoint=options.endpoint,
+        model=model,
+        api="chat" if spec.endpoint.api == "ChatCompletions" else "completions",
+        stream=spec.endpoint.stream,
+        ignore_eos=options.ignore_eos,
+        headers=dict(options.headers),
+        request_timeout_s=options.request_timeout_s,
+    )
+    slo = slo_of(spec)
+    deadlines = Deadlines(ttft_s=slo.ttft_s, tpot_s=slo.tpot_s, e2e_s=slo.e2e_s)
+    attainment = target_attainment(spec)
+    prompts = _Prompts(spec, inputs, tokenizer, options.default_output_tokens)
+    edges = bucket_edges(spec.workload.prompt_tokens)
+    started = datetime.now(UTC)
+    outcomes: list[LevelOutcome] = []
+    search: RateSearch | None = None
+
+    async with LoadClient(
+        target, max_in_flight=options.max_in_flight, run_id=options.run_id
+    ) as client:
+        if options.preflight:
+            first = (await prompts.take(1))[0]
+            probe = RequestPlan(
+                -1, first.prompt_tokens, min(4, first.output_tokens), first.prompt, first.messages
+            )
+            rec = await client.preflight(probe)
+            if rec.error is not None:
+                raise BenchmarkError(
+                    f"preflight request to {target.url} failed: {rec.error}"
+                    + (f" ({rec.error_detail})" if rec.error_detail else "")
+                )
+
+        async def level(load: Load) -> LevelOutcome:
+            schedule = schedule_for(spec, load, inputs)
+            if isinstance(schedule, arrivals.OpenLoop):
+                total: int | None = len(schedule.offsets)
+                needed = len(schedule.offsets)
+            else:
+                total = schedule.count
+                needed = schedule.count or schedule.concurrency * CLOSED_LOOP_POOL_PER_WORKER
+            plans = await prompts.take(needed)
+            if reporter is not None:
+                reporter.level_started(load, total)
+            ticker = _start_ticker(reporter, schedule)
+            try:
+                recording = await client.run_level(
+                    load,
+                    schedule,
+                    plans,
+                    deadlines,
+                    drain_timeout_s=options.drain_timeout_s,
+                    on_done=reporter.request_done if reporter is not None else None,
+                    label=str(len(outcomes)),
+                )
+            finally:
+                if ticker is not None:
+                    ticker.cancel()
+            stats = summarize(recording, slo=slo, buckets=edges, lag_limit_s=options.lag_limit_s)
+            if reporter is not None:
+                reporter.level_finished(stats)
+            outcome = LevelOutcome(recording, stats, passed(stats, attainment))
+            outcomes.append(outcome)
+            return outcome
+
+        if spec.mode == "Search":
+            assert spec.search is not None
+            s = spec.search
+            search = RateSearch(
+                s.min_rate_per_second, s.max_rate_per_second, max_probes=s.max_probes
+            )
+            process = "Poisson" if spec.arrival.process == "ClosedLoop" else spec.arrival.process
+            while (rate := search.next_rate()) is not None:
+                outcome = await level(Load(rate_per_second=rate, process=process))
+                search.record(rate, outcome.passed)
+        else:
+            for load in fixed_loads(spec):
+                await level(load)
+
+    if prompts.mismatched:
+        logger.warning(
+            "Built %d prompts whose token count differs from the plan (tokenizer: %s)",
+            prompts.mismatched,
+            tokenizer_kind,
+        )
+    return BenchmarkResult(
+        spec=spec,
+        endpoint=options.endpoint,
+        model=model,
+        levels=tuple(outcomes),
+        start_time=started,
+        end_time=datetime.now(UTC),
+        tokenizer=tokenizer_kind,
+        best_rate_per_second=search.best if search is not None else None,
+        client=_client_facts(options),
+    )
+
+
+def _start_ticker(
+    reporter: Reporter | None, schedule: arrivals.Schedule
+) -> asyncio.Task[None] | None:
+    """Redraw progress in the schedule's quiet moments (see QUIET_GAP_S)."""
+    if reporter is None:
+        return None
+    offsets = schedule.offsets if isinstance(schedule, arrivals.OpenLoop) else ()
+    origin = time.monotonic()
+
+    async def tick() -> None:
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(0.5)
+            now = time.monotonic()
+            i = bisect.bisect_left(offsets, now - origin)
+            quiet = i >= len(offsets) or offsets[i] - (now - origin) > QUIET_GAP_S
+            if quiet or now - last > MAX_QUIET_S:
+                reporter.refresh()
+                last = now
+
+    return asyncio.get_running_loop().create_task(tick())
