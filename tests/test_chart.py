@@ -15,6 +15,14 @@ from typing import Any
 import pytest
 import yaml
 from e2e.cluster.cluster import resolve_binaries
+from e2e.vllm_fixtures import (  # noqa: F401  (fixtures of the vllm-marked test, used by name)
+    _vllm_one_server,
+    tiny_models,
+    vllm_log_dir,
+    vllm_python,
+    vllm_server,
+    vllm_servers,
+)
 
 from vllm_operator.agent.manifests import agent_manifests
 from vllm_operator.cli import crd_files
@@ -245,14 +253,15 @@ def test_the_agent_is_off_by_default_and_takes_its_own_image_and_namespace() -> 
 
 # --------------------------------------------------------------------------- RBAC
 
-# What the operator does, request by request (k8s/client.py, reconcile/, handlers/), and
+# What the operator does, request by request (k8s/client.py, reconcile/, handlers/; a
+# server-side apply that creates an object needs `create` besides `patch`), and
 # what the work in progress will need (kept apart so it is visible).
 NAMESPACED_RULES = [
     (("inference.vllm-operator.dev",), ("inferenceservices",), ("get", "list", "watch")),
     (("inference.vllm-operator.dev",), ("inferenceservices/status",), ("patch",)),
-    (("apps",), ("deployments",), ("get", "list", "watch", "patch")),
-    (("",), ("services",), ("list", "watch", "patch")),
-    (("policy",), ("poddisruptionbudgets",), ("list", "watch", "patch")),
+    (("apps",), ("deployments",), ("get", "list", "watch", "create", "patch")),
+    (("",), ("services",), ("list", "watch", "create", "patch")),
+    (("policy",), ("poddisruptionbudgets",), ("list", "watch", "create", "patch")),
     (("",), ("pods",), ("list", "watch")),
     (("",), ("secrets", "persistentvolumeclaims"), ("get",)),
     (("",), ("events",), ("create",)),
@@ -260,7 +269,11 @@ NAMESPACED_RULES = [
 UPCOMING_RULES = [
     (("batch",), ("jobs",), ("get", "list", "watch", "create", "patch", "delete")),
     (("",), ("pods/status",), ("patch",)),
-    (("autoscaling",), ("horizontalpodautoscalers",), ("get", "list", "watch", "patch", "delete")),
+    (
+        ("autoscaling",),
+        ("horizontalpodautoscalers",),
+        ("get", "list", "watch", "create", "patch", "delete"),
+    ),
     (("",), ("configmaps",), ("get", "list", "watch", "create", "patch", "delete")),
     (("inference.vllm-operator.dev",), ("inferencebenchmarks",), ("get", "list", "watch")),
     (("inference.vllm-operator.dev",), ("inferencebenchmarks/status",), ("patch",)),
@@ -593,7 +606,9 @@ def test_the_dashboard_configmap_carries_the_json_and_the_sidecar_label() -> Non
 
 
 @pytest.mark.vllm
-def test_a_real_vllm_serves_every_vllm_metric_the_dashboard_names(vllm_server: Any) -> None:
+def test_a_real_vllm_serves_every_vllm_metric_the_dashboard_names(
+    vllm_server: Any,  # noqa: F811
+) -> None:
     import httpx
 
     # One request, so that per-request histograms have observations too.
