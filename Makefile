@@ -76,3 +76,13 @@ cluster-down: venv ## Stop the operator started by `make dev` and the local cont
 .PHONY: dev
 dev: setup ## Control plane + CRDs + operator + the sample InferenceService, until Ready.
 	$(PY) -m e2e.dev up
+
+.PHONY: chart
+chart: venv ## Copy the generated CRDs into the Helm chart, then lint it.
+	$(BIN)/vllm-operator crds --out charts/vllm-operator/files/crds
+	"$$(bash e2e/cluster/build.sh)/helm" lint --strict charts/vllm-operator --kube-version 1.36.3
+
+.PHONY: docs
+docs: venv ## Regenerate docs/reference.md and deploy/argocd/argocd-cm-patch.yaml.
+	$(PY) -m vllm_operator.render.reference
+	$(PY) deploy/argocd/render_cm.py
