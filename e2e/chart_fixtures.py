@@ -1,0 +1,284 @@
+"""Fixtures of the Helm chart's cluster tests (e2e/test_helm.py).
+
+- ``cluster`` (module): a **private** local control plane of its own (own state folder,
+  own loopback ports), so that installing and uninstalling the chart's CRDs never touches
+  the shared cluster other test sessions use, and so that no operator of another session
+  (with admin credentials) can do the work the chart's ServiceAccount must be able to do.
+- ``chart_release`` (module): the chart installed with ``helm install``.
+- ``operator_process`` (module): ``vllm-operator run`` as a local process whose only
+  credentials are a token of the chart's ServiceAccount (``kubectl create token``), so
+  every request it makes is authorised by the chart's RBAC and nothing else.
+
+``python -m e2e.chart_fixtures sa-kubeconfig NAMESPACE SERVICEACCOUNT`` prints such a
+kubeconfig for the cluster KUBECONFIG names (the README's Helm quickstart uses it to run
+the operator on the local control plane, where no container can run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import dataclasses
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from e2e.cluster.cluster import ClusterHandle, Settings, down, up
+from e2e.operator_fixtures import REPO, OperatorProcess
+
+CHART = REPO / "charts" / "vllm-operator"
+RELEASE = "vllm-op"
+RELEASE_NAMESPACE = "vllm-operator-system"
+SERVICE_ACCOUNT = f"{RELEASE}-vllm-operator"
+# Every default port of e2e/cluster plus this offset: beside the shared cluster.
+PORT_OFFSET = int(os.environ.get("VLLM_OP_HELM_PORT_OFFSET", "10000"))
+
+
+# --------------------------------------------------------------------------- kubeconfig
+
+
+def token_kubeconfig(admin_kubeconfig: Path, token: str) -> dict[str, Any]:
+    """A kubeconfig for the admin kubeconfig's cluster that authenticates with ``token``
+    alone (no client certificate): the apiserver sees only the token's identity."""
+    admin = yaml.safe_load(admin_kubeconfig.read_text())
+    contexts = {c["name"]: c["context"] for c in admin["contexts"]}
+    cluster_name = contexts[admin["current-context"]]["cluster"]
+    cluster = next(c for c in admin["clusters"] if c["name"] == cluster_name)
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": cluster_name, "cluster": cluster["cluster"]}],
+        "users": [{"name": "chart-service-account", "user": {"token": token}}],
+        "contexts": [
+            {
+                "name": "chart-service-account",
+                "context": {"cluster": cluster_name, "user": "chart-service-account"},
+            }
+        ],
+        "current-context": "chart-service-account",
+    }
+
+
+def service_account_token(
+    kubectl: list[str], namespace: str, name: str, duration: str = "2h"
+) -> str:
+    proc = subprocess.run(
+        [*kubectl, "create", "token", name, "-n", namespace, f"--duration={duration}"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"kubectl create token failed: {proc.stderr.strip()}")
+    return proc.stdout.strip()
+
+
+def write_service_account_kubeconfig(
+    cluster: ClusterHandle, namespace: str, name: str, path: Path
+) -> Path:
+    kubectl = [str(cluster.kubectl_path), f"--kubeconfig={cluster.kubeconfig}"]
+    token = service_account_token(kubectl, namespace, name)
+    path.write_text(yaml.safe_dump(token_kubeconfig(cluster.kubeconfig, token)))
+    path.chmod(0o600)
+    return path
+
+
+def token_subject(token: str) -> str:
+    """The ``sub`` claim of a service-account token (system:serviceaccount:NS:NAME)."""
+    payload = token.split(".")[1]
+    claims = yaml.safe_load(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    return str(claims["sub"])
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+def private_settings(state_dir: Path) -> Settings:
+    base = Settings.from_env()
+    return dataclasses.replace(
+        base,
+        state_dir=state_dir,
+        etcd_port=base.etcd_port + PORT_OFFSET,
+        etcd_peer_port=base.etcd_peer_port + PORT_OFFSET,
+        apiserver_port=base.apiserver_port + PORT_OFFSET,
+        controller_manager_port=base.controller_manager_port + PORT_OFFSET,
+        scheduler_port=base.scheduler_port + PORT_OFFSET,
+        kwok_port=base.kwok_port + PORT_OFFSET,
+        pod_cidr="127.65.0.0/16",
+    )
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterHandle]:
+    """A control plane of this module's own, stopped when the module ends."""
+    settings = private_settings(tmp_path_factory.mktemp("helm-cluster"))
+    handle = up(settings, owner="pytest")
+    try:
+        yield handle
+    finally:
+        if os.environ.get("VLLM_OP_E2E_KEEP_CLUSTER") != "1":
+            down(settings)
+
+
+@dataclasses.dataclass
+class Release:
+    cluster: ClusterHandle
+    name: str
+    namespace: str
+
+    def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        assert self.cluster.helm_path is not None, "helm was not built (e2e/cluster/build.sh)"
+        proc = subprocess.run(
+            [str(self.cluster.helm_path), f"--kubeconfig={self.cluster.kubeconfig}", *args],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=300,
+            env=self.cluster.env(),
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(f"helm {' '.join(args)} failed:\n{proc.stderr}")
+        return proc
+
+    def install(self, *values: str, chart: Path = CHART) -> subprocess.CompletedProcess[str]:
+        sets = [a for v in values for a in ("--set", v)]
+        return self.helm(
+            "upgrade", "--install", self.name, str(chart), "-n", self.namespace,
+            "--create-namespace", "--wait", "--timeout", "120s", *sets,
+        )  # fmt: skip
+
+    def uninstall(self) -> subprocess.CompletedProcess[str]:
+        return self.helm("uninstall", self.name, "-n", self.namespace, "--wait")
+
+
+# Values of the release under test: everything that can run here (no Prometheus
+# Operator CRDs in the local cluster, so no ServiceMonitor/PodMonitor; no RuntimeClass
+# "nvidia", so the agent's pods run without one).
+INSTALL_VALUES = (
+    "agent.enabled=true",
+    "agent.runtimeClassName=",
+    "dashboard.enabled=true",
+    "kubeStateMetrics.customResourceState.enabled=true",
+    "operator.defaultImage=vllm/vllm-openai:e2e",
+)
+
+
+@pytest.fixture(scope="module")
+def chart_release(cluster: ClusterHandle) -> Release:
+    release = Release(cluster, RELEASE, RELEASE_NAMESPACE)
+    release.install(*INSTALL_VALUES)
+    cluster.kubectl(
+        "wait", "--for=condition=Established", "--timeout=60s",
+        "crd/inferenceservices.inference.vllm-operator.dev",
+        "crd/inferencebenchmarks.inference.vllm-operator.dev",
+        "crd/gpunodes.inference.vllm-operator.dev",
+    )  # fmt: skip
+    return release
+
+
+class ServiceAccountOperator(OperatorProcess):
+    """``vllm-operator run`` with the chart ServiceAccount's token as its only credential.
+
+    ``cluster`` stays the admin handle (the tests act as the user through it); only the
+    operator process gets the ServiceAccount's kubeconfig.
+    """
+
+    def __init__(self, cluster: ClusterHandle, log_dir: Path, kubeconfig: Path) -> None:
+        super().__init__(cluster, log_dir)
+        self.log_path = log_dir / "operator-service-account.log"
+        self.kubeconfig = kubeconfig
+
+    def start(self) -> None:
+        env = self.cluster.env()
+        env.update(
+            {
+                "KUBECONFIG": str(self.kubeconfig),
+                "VLLM_OPERATOR_KUBECONFIG": str(self.kubeconfig),
+                "VLLM_OPERATOR_RESYNC_SECONDS": "20",
+                "VLLM_OPERATOR_METRICS_PORT": "0",
+                "VLLM_OPERATOR_HEALTH_PORT": "0",
+                "VLLM_OPERATOR_DEFAULT_IMAGE": "vllm/vllm-openai:e2e",
+            }
+        )
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "vllm_operator.cli", "run"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=REPO,
+            start_new_session=True,
+        )
+        log.close()
+
+    def wait_started(self, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while "Started the vllm-operator" not in self.log_tail(400):
+            assert self.alive(), f"the operator exited:\n{self.log_tail()}"
+            assert time.monotonic() < deadline, f"the operator did not start:\n{self.log_tail()}"
+            time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def service_account_kubeconfig(
+    chart_release: Release, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    path = tmp_path_factory.mktemp("sa") / "kubeconfig"
+    return write_service_account_kubeconfig(
+        chart_release.cluster, chart_release.namespace, SERVICE_ACCOUNT, path
+    )
+
+
+@pytest.fixture(scope="module")
+def operator_process(
+    chart_release: Release,
+    service_account_kubeconfig: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[ServiceAccountOperator]:
+    """The operator under the chart's ServiceAccount (the name overrides the fixture of
+    e2e/operator_fixtures.py, so e2e/test_operator.py's tests run against this one)."""
+    cluster = chart_release.cluster
+    log_dir = (
+        cluster.settings.logs_dir
+        if cluster.settings is not None
+        else tmp_path_factory.mktemp("operator-logs")
+    )
+    log_dir.mkdir(parents=True, exist_ok=True)
+    op = ServiceAccountOperator(cluster, log_dir, service_account_kubeconfig)
+    op.start()
+    op.wait_started()
+    yield op
+    op.stop()
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m e2e.chart_fixtures")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sa = sub.add_parser(
+        "sa-kubeconfig",
+        help="print a kubeconfig that authenticates as a ServiceAccount (token, 24 h)",
+    )
+    sa.add_argument("namespace")
+    sa.add_argument("serviceaccount")
+    args = parser.parse_args(argv)
+    admin = Path(os.environ.get("KUBECONFIG", str(Path.home() / ".kube" / "config")))
+    token = service_account_token(
+        ["kubectl", f"--kubeconfig={admin}"], args.namespace, args.serviceaccount, "24h"
+    )
+    sys.stdout.write(yaml.safe_dump(token_kubeconfig(admin, token)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
