@@ -327,25 +327,36 @@ class _Protocol(asyncio.Protocol):
             self._reply(_STREAM_HEAD + b"".join(chunks) + tail)
             return
         self._send(_STREAM_HEAD + b"".join(head_chunks))
-        loop = asyncio.get_running_loop()
-        at = received + first
-        for k, data in enumerate(token_chunks):
-            last = k == len(token_chunks) - 1
-            self.timers.append(
-                loop.call_at(at, self._write_token, entry, data, tail if last else None)
-            )
-            if not last:
-                at += gaps[k]
+        # Absolute instants (received + cumulative delays), so that timer lateness does not
+        # accumulate. Each write schedules the next: timers due at the same instant have no
+        # defined order, and a chunk written after the stream's end would corrupt the next
+        # response on the connection.
+        instants = [received + first]
+        for gap in gaps:
+            instants.append(instants[-1] + gap)
+        self._schedule_token(entry, list(zip(instants, token_chunks, strict=True)), tail)
 
-    def _write_token(self, entry: Entry, data: bytes, tail: bytes | None) -> None:
+    def _schedule_token(
+        self, entry: Entry, pending: list[tuple[float, bytes]], tail: bytes
+    ) -> None:
+        at = pending[0][0]
+        self.timers.append(
+            asyncio.get_running_loop().call_at(at, self._write_token, entry, pending, tail)
+        )
+
+    def _write_token(self, entry: Entry, pending: list[tuple[float, bytes]], tail: bytes) -> None:
         if self.closed:
             return
-        self._send(data if tail is None else data + tail)
+        _, data = pending[0]
+        last = len(pending) == 1
+        self._send(data + tail if last else data)
         now = time.monotonic()
         entry.chunk_times.append(now)
-        if tail is not None:
+        if last:
             entry.end = now
             self._finish()
+        else:
+            self._schedule_token(entry, pending[1:], tail)
 
 
 class FakeServerProcess:

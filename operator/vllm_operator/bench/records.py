@@ -1,7 +1,8 @@
 """What the load generator records about each request, and about one load level.
 
 A record keeps raw instants, not durations, all on one monotonic clock (seconds): when the
-request was *scheduled* to go out, when it was actually *sent*, when each content chunk
+request was *scheduled* to go out, when it was actually *sent* (its body handed to the
+socket), when each content chunk
 arrived, when the response ended. Every latency the benchmark reports is a difference of
 two of these, computed afterwards by the pure ``stats`` module, so the same recording can
 be summarised from the send time and from the scheduled time, and re-summarised later

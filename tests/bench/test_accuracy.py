@@ -1,0 +1,233 @@
+"""Accuracy of the load client against a server whose timings are known exactly.
+
+The fake server (its own process, tests/bench/fake_server.py) injects delays, fixed or
+drawn from heavy-tailed distributions, and logs on the host's monotonic clock when each
+request arrived and when each chunk was written. That log is the truth: the client's
+reported TTFT, ITL and E2E percentiles must be within 1 ms of the same percentiles of the
+server's own timings (issue 7). The difference that remains is the loopback transfer and
+the HTTP handling on both sides.
+
+A client that cannot keep up must say so, and its latency from the scheduled time must
+show the queueing that latency from the send time hides.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from typing import Any
+
+import pytest
+
+from tests.bench.conftest import ServerFactory
+from tests.bench.fake_server import Config, Delay, FakeServerProcess
+from vllm_operator.bench import arrivals, timing
+from vllm_operator.bench.client import Deadlines, LoadClient, Target
+from vllm_operator.bench.records import LevelRecording, Load
+from vllm_operator.bench.stats import PERCENTILES, LevelStats, Slo, Summary, summarize
+from vllm_operator.bench.workload import RequestPlan
+
+TOLERANCE_S = 0.001
+
+
+def plans(n: int, *, output_tokens: int = 8) -> list[RequestPlan]:
+    return [RequestPlan(i, 16, output_tokens, prompt="w " * 16) for i in range(n)]
+
+
+def run_level(
+    server: FakeServerProcess,
+    schedule: arrivals.Schedule,
+    *,
+    load: Load,
+    output_tokens: int = 8,
+    max_in_flight: int | None = None,
+    deadlines: Deadlines = Deadlines(),  # noqa: B008
+    n_plans: int = 1000,
+    api: str = "completions",
+) -> LevelRecording:
+    async def go() -> LevelRecording:
+        target = Target(server.url, "fake-model", api=api)  # type: ignore[arg-type]
+        async with LoadClient(target, max_in_flight=max_in_flight, run_id="acc") as client:
+            return await client.run_level(
+                load, schedule, plans(n_plans, output_tokens=output_tokens), deadlines
+            )
+
+    return timing.run(go())
+
+
+def truth(log: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """The server's own TTFT, ITL and E2E (seconds) of the level's completed requests."""
+    done = [e for e in log if e["status"] == 200 and not e["aborted"] and e["chunk_times"]]
+    return {
+        "ttft": [e["chunk_times"][0] - e["received"] for e in done],
+        "itl": [b - a for e in done for a, b in itertools.pairwise(e["chunk_times"])],
+        "e2e": [e["end"] - e["received"] for e in done],
+    }
+
+
+def quantiles(summary: Summary | None) -> list[float]:
+    assert summary is not None
+    return [summary.p50, summary.p90, summary.p95, summary.p99, summary.p999, summary.max]
+
+
+def assert_within_tolerance(stats: LevelStats, true: dict[str, list[float]]) -> dict[str, float]:
+    """Each percentile of TTFT, ITL and E2E (from send) within 1 ms of the truth's; returns
+    the worst difference per metric, for the report."""
+    worst = {}
+    for name in ("ttft", "itl", "e2e"):
+        reported = quantiles(getattr(stats.from_send, name))
+        expected = quantiles(Summary.of(true[name]))
+        diffs = [abs(a - b) for a, b in zip(reported, expected, strict=True)]
+        worst[name] = max(diffs)
+        labels = [f"p{p:g}" for p in PERCENTILES] + ["max"]
+        detail = ", ".join(
+            f"{lab} {a * 1e3:.3f}/{b * 1e3:.3f}"
+            for lab, a, b in zip(labels, reported, expected, strict=True)
+        )
+        assert worst[name] <= TOLERANCE_S, f"{name} (reported/true ms): {detail}"
+    return worst
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        Config(ttft=Delay(value=0.030), itl=Delay(value=0.006), seed=1),
+        Config(
+            ttft=Delay(kind="lognormal", median=0.020, sigma=1.0, max=0.4),
+            itl=Delay(kind="pareto", scale=0.004, alpha=1.5, max=0.08),
+            seed=2,
+        ),
+    ],
+    ids=["fixed delays", "heavy-tailed delays"],
+)
+def test_reported_percentiles_are_within_a_millisecond_of_the_servers_timings(
+    fake_server: ServerFactory, config: Config, record_property: Any
+) -> None:
+    server = fake_server(config)
+    schedule = arrivals.poisson(30.0, random.Random(7), count=150)
+    recording = run_level(server, schedule, load=Load(30.0))
+    stats = summarize(recording)
+    assert stats.errors_by_kind == {}
+    true = truth(server.take_log())
+    assert len(true["ttft"]) == stats.completed == 150
+    worst = assert_within_tolerance(stats, true)
+    record_property("worst_difference_ms", {k: round(v * 1e3, 3) for k, v in worst.items()})
+    # The injected delays are what the server did (a fake with sloppy timers would make
+    # this test meaningless): a fixed TTFT of 30 ms is 30 ms.
+    if config.ttft.kind == "fixed":
+        for value in true["ttft"]:
+            assert value == pytest.approx(0.030, abs=0.002)
+    assert not stats.client_saturated, stats.verdict
+
+
+def test_chat_streams_are_measured_like_completions(fake_server: ServerFactory) -> None:
+    server = fake_server(Config(ttft=Delay(value=0.02), itl=Delay(value=0.005)))
+    recording = run_level(
+        server, arrivals.constant(20.0, count=40), load=Load(20.0), api="chat", n_plans=40
+    )
+    stats = summarize(recording)
+    assert stats.completed == 40
+    assert_within_tolerance(stats, truth(server.take_log()))
+
+
+def test_tokens_come_from_usage_when_chunks_carry_several(fake_server: ServerFactory) -> None:
+    # 16 tokens in 4 chunks of 4, 10 ms apart: TPOT is 30 ms / 15 tokens, not 30 ms / 3.
+    server = fake_server(Config(itl=Delay(value=0.010), tokens_per_chunk=4))
+    recording = run_level(
+        server, arrivals.constant(10.0, count=10), load=Load(10.0), output_tokens=16, n_plans=10
+    )
+    stats = summarize(recording)
+    assert all(r.completion_tokens == 16 and len(r.chunk_times) == 4 for r in recording.records)
+    assert stats.from_send.tpot is not None
+    assert stats.from_send.tpot.p50 == pytest.approx(0.030 / 15, abs=0.0002)
+
+
+def test_a_client_capped_in_flight_is_reported_saturated_and_its_queueing_shows(
+    fake_server: ServerFactory,
+) -> None:
+    # Each request takes 50 + 3 x 10 = 80 ms; two in flight carry 25 req/s; 50 are offered.
+    server = fake_server(Config(ttft=Delay(value=0.05), itl=Delay(value=0.01)))
+    recording = run_level(
+        server,
+        arrivals.constant(50.0, count=40),
+        load=Load(50.0, process="Constant"),
+        output_tokens=4,
+        max_in_flight=2,
+        n_plans=40,
+    )
+    stats = summarize(recording)
+    assert stats.client_saturated
+    assert "in-flight cap 2" in stats.verdict
+    send, sched = stats.from_send.ttft, stats.from_scheduled.ttft
+    assert send is not None and sched is not None and stats.schedule_lag is not None
+    # From the send, TTFT is the server's 50 ms; from the schedule, the last requests
+    # waited ~0.8 s in the client (40 at 25/s take 1.6 s, scheduled over 0.8 s).
+    assert send.p99 == pytest.approx(0.05, abs=0.003)
+    assert sched.max > 0.6
+    assert stats.schedule_lag.max == pytest.approx(sched.max - send.max, abs=0.05)
+    assert_within_tolerance(stats, truth(server.take_log()))
+
+
+def test_a_rate_beyond_the_clients_capacity_is_reported_saturated(
+    fake_server: ServerFactory,
+) -> None:
+    # Far more than one Python process can send on two cores.
+    server = fake_server(Config())
+    recording = run_level(
+        server,
+        arrivals.constant(20_000.0, count=4000),
+        load=Load(20_000.0, process="Constant"),
+        output_tokens=2,
+        n_plans=100,
+    )
+    stats = summarize(recording)
+    assert stats.client_saturated, stats.verdict
+    assert stats.send_rate_per_second is not None and stats.send_rate_per_second < 19_000
+    assert "req/s of 2e+04 scheduled" in stats.verdict
+    send, sched = stats.from_send.e2e, stats.from_scheduled.e2e
+    assert send is not None and sched is not None
+    assert sched.p99 > send.p99 + 0.05
+
+
+def test_a_closed_loop_keeps_its_concurrency(fake_server: ServerFactory) -> None:
+    # 20 + 3 x 5 = 35 ms per request; 4 workers: about 114 req/s.
+    server = fake_server(Config(ttft=Delay(value=0.02), itl=Delay(value=0.005)))
+    recording = run_level(
+        server,
+        arrivals.ClosedLoop(4, count=80),
+        load=Load(concurrency=4, process="ClosedLoop"),
+        output_tokens=4,
+        n_plans=80,
+    )
+    stats = summarize(recording)
+    assert stats.completed == 80
+    assert stats.requests_per_second == pytest.approx(4 / 0.035, rel=0.1)
+    assert stats.schedule_lag is not None and stats.schedule_lag.p50 < 0.002
+    in_flight = max(
+        sum(1 for r in recording.records if r.sent <= t < r.end)  # type: ignore[operator]
+        for t in (r.sent for r in recording.records if r.sent is not None)
+    )
+    assert in_flight == 4
+
+
+def test_deadlines_are_hard_and_failures_are_counted_by_kind(fake_server: ServerFactory) -> None:
+    # TTFT 50 ms against a 20 ms deadline: every request is abandoned at 20 ms; every
+    # 5th request is an HTTP 500 (before any deadline).
+    server = fake_server(Config(ttft=Delay(value=0.05), fail_every=5))
+    recording = run_level(
+        server,
+        arrivals.constant(20.0, count=20),
+        load=Load(20.0),
+        deadlines=Deadlines(ttft_s=0.02),
+        n_plans=20,
+    )
+    stats = summarize(recording, slo=Slo(ttft_s=0.02))
+    assert stats.errors_by_kind == {"HTTP500": 4, "TTFTDeadlineMissed": 16}
+    assert stats.succeeded == 0 and stats.slo_attainment == 0
+    for r in recording.records:
+        if r.error == "TTFTDeadlineMissed":
+            assert r.end is not None
+            assert r.end - r.scheduled == pytest.approx(0.02, abs=0.003)
+    log = server.take_log()
+    # The client closed the connections: the server saw the requests aborted.
+    assert sum(e["aborted"] for e in log) == 16

@@ -1,0 +1,266 @@
+"""``vllm-operator bench``: flags and spec files to one spec, outputs, exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.bench.conftest import ServerFactory
+from tests.bench.fake_server import Config, Delay
+from vllm_operator.bench.cli import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_SLO,
+    EXIT_USAGE,
+    add_parser,
+    compact_status,
+    configure,
+    main,
+    parse_distribution,
+    spec_from_args,
+)
+from vllm_operator.models.inference_benchmark import (
+    InferenceBenchmarkSpec,
+    InferenceBenchmarkStatus,
+)
+
+
+def flags(*argv: str) -> argparse.Namespace:
+    return configure(argparse.ArgumentParser()).parse_args(list(argv))
+
+
+def spec(*argv: str) -> InferenceBenchmarkSpec:
+    return InferenceBenchmarkSpec.model_validate(spec_from_args(flags(*argv)))
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("128", {"type": "Fixed", "value": 128}),
+        ("fixed:64", {"type": "Fixed", "value": 64}),
+        ("uniform:10-2000", {"type": "Uniform", "min": 10, "max": 2000}),
+        ("normal:500,100", {"type": "Normal", "mean": 500, "stddev": 100}),
+        (
+            "lognormal:300,0.9,10,2000",
+            {"type": "LogNormal", "median": 300, "sigma": 0.9, "min": 10, "max": 2000},
+        ),
+        (
+            "buckets:1-127:40,128-255:60",
+            {
+                "type": "Buckets",
+                "buckets": [
+                    {"min": 1, "max": 127, "weight": 40.0},
+                    {"min": 128, "max": 255, "weight": 60.0},
+                ],
+            },
+        ),
+    ],
+    ids=["a bare number is fixed", "fixed", "uniform", "normal", "lognormal clamped", "buckets"],
+)
+def test_distribution_flags(text: str, expected: dict[str, Any]) -> None:
+    assert parse_distribution(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text", ["uniform:5", "normal:1", "zipf:3", "buckets:1-2"], ids=lambda t: f"{t} is refused"
+)
+def test_bad_distribution_flags(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="bad distribution"):
+        parse_distribution(text)
+
+
+def test_flags_build_the_spec_the_job_would_get() -> None:
+    s = spec(
+        "--endpoint", "http://x", "--prompt-tokens", "lognormal:300,0.9,10,2000",
+        "--output-tokens", "uniform:50-1500", "--arrival", "pulse", "--rate", "4",
+        "--pulse", "0.4,10,60", "--duration", "120", "--slo-ttft-ms", "500",
+        "--api", "completions", "--seed", "9",
+    )  # fmt: skip
+    assert s.arrival.process == "Pulse" and s.arrival.rate_per_second == 4
+    assert s.arrival.pulse is not None and s.arrival.pulse.fraction == 0.4
+    assert s.duration_seconds == 120 and s.requests is None
+    assert s.slo.ttft_p99_milliseconds == 500
+    assert s.endpoint.api == "Completions" and s.seed == 9
+    assert s.workload.prompt_tokens is not None and s.workload.prompt_tokens.type == "LogNormal"
+
+
+def test_concurrency_alone_means_a_closed_loop_and_requests_default_to_100() -> None:
+    s = spec("--endpoint", "http://x", "--concurrency", "8")
+    assert s.arrival.process == "ClosedLoop" and s.arrival.concurrency == 8
+    assert s.requests == 100
+
+
+def test_sweep_and_search_flags() -> None:
+    sweep = spec("--endpoint", "http://x", "--sweep-rates", "1,2,4", "--sweep-concurrencies", "8")
+    assert sweep.mode == "Sweep" and sweep.sweep is not None
+    assert sweep.sweep.rates_per_second == [1, 2, 4] and sweep.sweep.concurrencies == [8]
+    search = spec("--endpoint", "http://x", "--search", "1,64", "--slo-ttft-ms", "200")
+    assert search.mode == "Search" and search.search is not None
+    assert (search.search.min_rate_per_second, search.search.max_rate_per_second) == (1, 64)
+
+
+def test_an_open_loop_without_a_rate_is_refused() -> None:
+    with pytest.raises(ValueError, match="needs --rate"):
+        spec_from_args(flags("--endpoint", "http://x", "--arrival", "gamma"))
+
+
+def test_the_subcommand_registers_on_the_top_level_cli() -> None:
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["bench", "--endpoint", "http://x", "--rate", "3"])
+    assert args.command == "bench" and args.rate == 3 and callable(args.func)
+
+
+def test_compact_status_fits_the_termination_message() -> None:
+    level = {
+        "ratePerSecond": 1.0,
+        "requests": 10,
+        "buckets": [{"minPromptTokens": i, "maxPromptTokens": i, "requests": 1} for i in range(50)],
+        "fromScheduled": {"ttft": {"p50": 1.0, "p99": 2.0}},
+    }
+    status = {"levels": [level] * 40, "headline": level, "kneeRatePerSecond": 3.0}
+    text = compact_status(status)
+    assert len(text.encode()) <= 4096
+    parsed = json.loads(text)
+    assert parsed["kneeRatePerSecond"] == 3.0 and parsed["headline"]["requests"] == 10
+    InferenceBenchmarkStatus.model_validate(parsed)
+    few = {**level, "buckets": level["buckets"][:3]}
+    small = {"levels": [few], "headline": few}
+    assert json.loads(compact_status(small)) == small
+
+
+# --- running against the fake server -----------------------------------------------------
+
+
+def svgs(html: str) -> list[ET.Element]:
+    out = []
+    start = 0
+    while (i := html.find("<svg", start)) >= 0:
+        j = html.index("</svg>", i) + len("</svg>")
+        out.append(ET.fromstring(html[i:j]))  # well-formed XML, or this raises
+        start = j
+    return out
+
+
+def test_a_sweep_writes_json_status_html_and_the_termination_message(
+    fake_server: ServerFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server = fake_server(Config(ttft=Delay(value=0.01), itl=Delay(value=0.002)))
+    out = tmp_path / "out"
+    log = tmp_path / "termination-log"
+    code = main(
+        [
+            "--endpoint", server.url, "--prompt-tokens", "buckets:1-127:50,128-255:50",
+            "--output-tokens", "4", "--sweep-rates", "10,20,40", "--requests", "30",
+            "--slo-ttft-ms", "200", "--output-dir", str(out), "--termination-log", str(log),
+            "--no-progress", "--lag-limit-ms", "100",
+        ]
+    )  # fmt: skip
+    printed = capsys.readouterr().out
+    assert code == EXIT_OK
+    assert "fake-model" in printed and "40 req/s" in printed
+    results = json.loads((out / "results.json").read_text())
+    assert [lv["stats"]["rate_per_second"] for lv in results["levels"]] == [10, 20, 40]
+    assert all(len(lv["requests"]) == 30 for lv in results["levels"])
+    assert results["tokenizer"] == "server"
+    first = results["levels"][0]["requests"][0]
+    assert first["prompt_tokens"] == first["prompt_tokens_planned"]  # exact prompt lengths
+    status = InferenceBenchmarkStatus.model_validate_json((out / "status.json").read_text())
+    assert len(status.levels) == 3 and status.headline is not None
+    assert status.headline.rate_per_second == 40
+    assert status.headline.from_scheduled is not None
+    assert status.headline.from_scheduled.ttft is not None
+    assert [b.min_prompt_tokens for b in status.headline.buckets] == [1, 128]
+    InferenceBenchmarkStatus.model_validate_json(log.read_text())
+    html = (out / "report.html").read_text()
+    plots = svgs(html)
+    assert len(plots) == 3  # latency vs load, per bucket, timeline
+    assert "Latency from the scheduled send time vs load" in html
+
+
+def test_the_spec_file_of_an_inference_benchmark_drives_the_run(
+    fake_server: ServerFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server = fake_server(Config(ttft=Delay(value=0.005)))
+    manifest = {
+        "apiVersion": "inference.vllm-operator.dev/v1alpha1",
+        "kind": "InferenceBenchmark",
+        "metadata": {"name": "b", "namespace": "default"},
+        "spec": {
+            "targetRef": {"name": "svc"},
+            "workload": {
+                "promptTokens": {"type": "Uniform", "min": 8, "max": 64},
+                "outputTokens": {"type": "Fixed", "value": 3},
+            },
+            "arrival": {"process": "Gamma", "ratePerSecond": 30, "burstiness": 0.5},
+            "requests": 20,
+            "endpoint": {"api": "Completions"},
+        },
+    }
+    path = tmp_path / "bench.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    out = tmp_path / "out"
+    argv = ["--spec-file", str(path), "--endpoint", server.url, "--model", "fake-model"]
+    code = main([*argv, "--output-dir", str(out), "--no-html"])
+    assert code == EXIT_OK, capsys.readouterr().err
+    results = json.loads((out / "results.json").read_text())
+    assert results["spec"]["arrival"]["process"] == "Gamma"
+    assert results["levels"][0]["stats"]["completed"] == 20
+    assert not (out / "report.html").exists()
+    # Flags that describe the run conflict with the spec file.
+    assert main([*argv, "--rate", "5"]) == EXIT_USAGE
+    assert "--rate conflict with --spec-file" in capsys.readouterr().err
+
+
+def test_an_unreachable_server_fails_before_any_level(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(
+        ["--endpoint", "http://127.0.0.1:9", "--model", "m", "--rate", "1",
+         "--output-dir", str(tmp_path)]
+    )  # fmt: skip
+    assert code == EXIT_FAILED
+    assert "preflight request" in capsys.readouterr().err
+
+
+def test_fail_on_slo_exits_3_when_the_headline_misses(
+    fake_server: ServerFactory, tmp_path: Path
+) -> None:
+    server = fake_server(Config(ttft=Delay(value=0.03)))
+    argv = [
+        "--endpoint", server.url, "--rate", "20", "--requests", "10", "--output-tokens", "2",
+        "--output-dir", str(tmp_path), "--no-html", "--no-progress", "--fail-on-slo",
+        "--lag-limit-ms", "100",
+    ]  # fmt: skip
+    assert main([*argv, "--slo-ttft-ms", "10"]) == EXIT_SLO
+    assert main([*argv, "--slo-ttft-ms", "500"]) == EXIT_OK
+
+
+def test_a_search_finds_the_highest_rate_that_meets_the_slo(
+    fake_server: ServerFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # An in-flight cap of 1 and 50 ms per request: ~20 req/s is the most that can meet a
+    # 150 ms TTFT deadline; the search must stop between its passing and failing probes.
+    server = fake_server(Config(ttft=Delay(value=0.05)))
+    out = tmp_path / "out"
+    code = main(
+        [
+            "--endpoint", server.url, "--output-tokens", "1", "--arrival", "constant",
+            "--search", "5,80", "--max-probes", "6", "--duration", "2",
+            "--slo-ttft-ms", "150", "--max-in-flight", "1", "--output-dir", str(out),
+            "--no-progress", "--no-html", "--lag-limit-ms", "25",
+        ]
+    )  # fmt: skip
+    assert code == EXIT_OK
+    results = json.loads((out / "results.json").read_text())
+    best = results["best_rate_per_second"]
+    assert best is not None and 5 <= best < 25
+    rates = [lv["stats"]["rate_per_second"] for lv in results["levels"]]
+    assert rates[:3] == [5, 10, 20] and len(rates) <= 6
+    assert "Highest rate meeting the SLO" in capsys.readouterr().out

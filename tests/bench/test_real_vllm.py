@@ -1,0 +1,141 @@
+"""The load generator against the real CPU vLLM: its numbers agree with vLLM's own.
+
+vLLM measures every request itself and exports histograms on ``/metrics``. Scraped before
+and after a short benchmark, their difference holds exactly the benchmark's requests. For
+each percentile the client reports, the delta histogram's bucket that contains that
+percentile must contain the client's value too, give or take one bucket width (vLLM times
+from the request's arrival in the engine, the client from the request leaving it, so the
+client's values are slightly larger). Token counters must match the usage the client
+recorded, exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import httpx
+import pytest
+from e2e.vllm_server import OneServer
+from prometheus_client.parser import text_string_to_metric_families
+
+from vllm_operator.bench import timing
+from vllm_operator.bench.run import RunOptions, run_benchmark
+from vllm_operator.bench.stats import Summary
+from vllm_operator.models.inference_benchmark import InferenceBenchmarkSpec
+
+pytestmark = pytest.mark.vllm
+
+HISTOGRAMS = {
+    "ttft": "vllm:time_to_first_token_seconds",
+    "e2e": "vllm:e2e_request_latency_seconds",
+    "itl": "vllm:inter_token_latency_seconds",
+    "tpot": "vllm:request_time_per_output_token_seconds",
+}
+COUNTERS = ("vllm:prompt_tokens", "vllm:generation_tokens")
+
+
+def scrape(url: str) -> tuple[dict[str, dict[float, float]], dict[str, float]]:
+    """Cumulative bucket counts per histogram (summed over label sets), and counters."""
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    buckets: dict[str, dict[float, float]] = defaultdict(lambda: defaultdict(float))
+    counters: dict[str, float] = defaultdict(float)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.endswith("_bucket") and family.name in HISTOGRAMS.values():
+                buckets[family.name][float(sample.labels["le"])] += sample.value
+            elif family.name in COUNTERS and sample.name.endswith("_total"):
+                counters[family.name] += sample.value
+    return buckets, counters
+
+
+def bucket_of(delta: dict[float, float], p: float) -> tuple[float, float]:
+    """The (lower, upper] bounds of the bucket holding the p-th percentile."""
+    edges = sorted(delta)
+    total = delta[math.inf]
+    rank = max(1, math.ceil(p / 100 * total))
+    lower = 0.0
+    for edge in edges:
+        if delta[edge] >= rank:
+            return lower, edge
+        lower = edge
+    raise AssertionError("unreachable: the +Inf bucket holds every observation")
+
+
+SPEC = InferenceBenchmarkSpec.model_validate(
+    {
+        "targetRef": {"name": "tiny"},
+        "workload": {
+            "promptTokens": {"type": "Uniform", "min": 16, "max": 256},
+            "outputTokens": {"type": "Uniform", "min": 16, "max": 160},
+        },
+        # Light load: on two cores, a busy vLLM API server delays its own streaming, which
+        # its histograms (taken inside the engine) cannot see.
+        "arrival": {"process": "Poisson", "ratePerSecond": 2},
+        "requests": 30,
+        "endpoint": {"api": "Completions"},
+        "seed": 3,
+    }
+)
+
+
+def test_percentiles_agree_with_vllms_own_histograms(
+    vllm_servers: OneServer,
+    vllm_python: object,
+    tiny_models: dict[str, object],
+    vllm_log_dir: object,
+    record_property: object,
+) -> None:
+    server = vllm_servers.get(
+        tiny_models["tiny-llama"],  # type: ignore[arg-type]
+        python=vllm_python,  # type: ignore[arg-type]
+        log_dir=vllm_log_dir,  # type: ignore[arg-type]
+    )
+    before, counters_before = scrape(server.url)
+    # No preflight: every generation request vLLM sees during the scrape window is one of
+    # the level's.
+    options = RunOptions(
+        endpoint=server.url, model=server.model_name, preflight=False, lag_limit_s=0.05
+    )
+    result = timing.run(run_benchmark(SPEC, options))
+    after, counters_after = scrape(server.url)
+
+    (level,) = result.levels
+    stats = level.stats
+    records = level.recording.records
+    assert stats.errors_by_kind == {}
+    assert result.tokenizer == "server"
+
+    # The same requests on both sides, and token counts from usage equal vLLM's counters.
+    prompt_total = sum(r.prompt_tokens or 0 for r in records)
+    output_total = sum(r.completion_tokens or 0 for r in records)
+    assert counters_after["vllm:prompt_tokens"] - counters_before["vllm:prompt_tokens"] == (
+        prompt_total
+    )
+    assert (
+        counters_after["vllm:generation_tokens"] - counters_before["vllm:generation_tokens"]
+        == output_total
+    )
+    # ignore_eos: every request generated exactly its planned output length.
+    assert all(r.completion_tokens == r.output_tokens_planned for r in records)
+    # Prompts built to exact token counts: the server's count differs from the plan by the
+    # same special tokens (BOS) for every request.
+    assert len({(r.prompt_tokens or 0) - r.prompt_tokens_planned for r in records}) == 1
+
+    report: dict[str, str] = {}
+    misses: list[str] = []
+    for name, metric in HISTOGRAMS.items():
+        delta = {le: after[metric][le] - before[metric].get(le, 0.0) for le in after[metric]}
+        if name in ("ttft", "e2e", "tpot"):
+            assert delta[math.inf] == stats.completed, name
+        summary = getattr(stats.from_send, name)
+        assert isinstance(summary, Summary)
+        for p, ours in ((50, summary.p50), (90, summary.p90), (99, summary.p99)):
+            lo, hi = bucket_of(delta, p)
+            width = (hi - lo) if math.isfinite(hi) else lo
+            line = f"client {ours * 1e3:.2f} ms, vLLM's bucket ({lo * 1e3:g}, {hi * 1e3:g}] ms"
+            report[f"{name} P{p}"] = line
+            if not lo - width <= ours <= hi + width:
+                misses.append(f"{name} P{p}: {line}")
+    record_property("agreement", report)  # type: ignore[operator]
+    assert not misses, "\n".join(misses) + f"\n(all: {report})"

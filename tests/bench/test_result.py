@@ -1,0 +1,98 @@
+"""A run's result in the InferenceBenchmark status: milliseconds, headline, knee."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from vllm_operator.bench.records import LevelRecording, Load, RequestRecord
+from vllm_operator.bench.result import BenchmarkResult, LevelOutcome, level_result, to_status
+from vllm_operator.bench.stats import Slo, summarize
+from vllm_operator.models.inference_benchmark import InferenceBenchmarkSpec
+
+SPEC = InferenceBenchmarkSpec.model_validate(
+    {
+        "targetRef": {"name": "svc"},
+        "workload": {
+            "promptTokens": {"type": "Fixed", "value": 100},
+            "outputTokens": {"type": "Fixed", "value": 3},
+        },
+        "arrival": {"process": "Poisson", "ratePerSecond": 1},
+        "requests": 4,
+    }
+)
+
+
+def outcome(load: Load, ttft: float, *, slo: Slo = Slo()) -> LevelOutcome:  # noqa: B008
+    records = tuple(
+        RequestRecord(
+            index=i,
+            scheduled=float(i),
+            prompt_tokens_planned=100,
+            output_tokens_planned=3,
+            sent=float(i) + 0.001,
+            first_token=float(i) + ttft,
+            chunk_times=[float(i) + ttft, float(i) + ttft + 0.01, float(i) + ttft + 0.02],
+            end=float(i) + ttft + 0.02,
+            status=200,
+            prompt_tokens=101,
+            completion_tokens=3,
+        )
+        for i in range(4)
+    )
+    recording = LevelRecording(load, records, 0.0, 3 + ttft + 0.02, 0.0)
+    stats = summarize(recording, slo=slo, buckets=[(1, 127)])
+    return LevelOutcome(recording, stats, passed=stats.slo_attainment == 1.0)
+
+
+def result(*levels: LevelOutcome) -> BenchmarkResult:
+    t = datetime(2026, 11, 29, tzinfo=UTC)
+    return BenchmarkResult(SPEC, "http://x", "m", tuple(levels), t, t, "server")
+
+
+def test_level_result_is_in_milliseconds() -> None:
+    lr = level_result(outcome(Load(2.0), 0.25).stats)
+    assert lr.rate_per_second == 2.0 and lr.requests == 4 and lr.succeeded == 4
+    assert lr.from_scheduled is not None and lr.from_scheduled.ttft is not None
+    assert lr.from_scheduled.ttft.p50 == pytest.approx(250.0)
+    assert lr.from_send is not None and lr.from_send.ttft is not None
+    assert lr.from_send.ttft.p50 == pytest.approx(249.0)
+    assert lr.from_scheduled.tpot is not None and lr.from_scheduled.tpot.p50 == pytest.approx(10.0)
+    assert lr.schedule_lag_p99_milliseconds == pytest.approx(1.0)
+    assert lr.buckets[0].ttft_p99_milliseconds == pytest.approx(250.0)
+    assert lr.client_saturated is False
+
+
+def test_headline_is_the_highest_passing_level_and_the_knee_is_reported() -> None:
+    slo = Slo(ttft_s=0.5)
+    levels = [
+        outcome(Load(1.0), 0.10, slo=slo),
+        outcome(Load(2.0), 0.11, slo=slo),
+        outcome(Load(3.0), 0.12, slo=slo),
+        outcome(Load(4.0), 0.40, slo=slo),
+        outcome(Load(5.0), 0.90, slo=slo),
+    ]
+    status = to_status(result(*levels), results_config_map="bench-results")
+    assert status.headline is not None and status.headline.rate_per_second == 4.0
+    assert status.knee_rate_per_second == 3.0
+    assert status.results_config_map == "bench-results"
+    assert len(status.levels) == 5 and status.phase is None
+
+
+def test_the_knee_of_a_concurrency_sweep_is_the_rate_achieved_there() -> None:
+    levels = [
+        outcome(Load(concurrency=c, process="ClosedLoop"), t)
+        for c, t in ((1, 0.1), (2, 0.11), (4, 0.12), (8, 0.6))
+    ]
+    r = result(*levels)
+    assert r.knee == (4.0, "concurrency")
+    assert r.knee_rate_per_second == pytest.approx(levels[2].stats.requests_per_second)
+
+
+def test_a_single_level_is_the_headline_even_when_it_failed() -> None:
+    failing = outcome(Load(1.0), 2.0, slo=Slo(ttft_s=0.5))
+    assert not failing.passed
+    status = to_status(result(failing))
+    assert status.headline is not None and status.headline.slo_attainment == 0
+    assert status.knee_rate_per_second is None
