@@ -103,3 +103,18 @@ def operator_process(
         time.sleep(0.2)
     yield op
     op.stop()
+
+
+@pytest.fixture(scope="session")
+def pod_runner(crds: ClusterHandle) -> Iterator[int]:
+    """The pod runner (real processes behind marked pods), started unless it runs."""
+    from e2e.cluster import pod_runner as runner
+
+    if crds.settings is None:
+        pytest.skip("the pod runner needs the local control plane, not an existing cluster")
+    state = Path(crds.settings.state_dir)
+    already = runner.running_pid(state)
+    pid = runner.start(state, crds.kubeconfig)
+    yield pid
+    if already is None:
+        runner.stop(state)

@@ -221,7 +221,9 @@ def test_an_unsatisfiable_spec_stalls_without_a_retry_storm(
     op: OperatorProcess, namespace: str
 ) -> None:
     cluster = op.cluster
-    cluster.apply(_isvc("huge", gpu={"count": 16}), namespace=namespace)
+    huge = _isvc("huge", gpu={"count": 16})
+    huge["spec"]["model"] = {"source": {"huggingFace": {"repo": "meta-llama/Llama-3.1-8B"}}}
+    cluster.apply(huge, namespace=namespace)
     stalled = _wait(
         lambda: (
             _condition(_get(cluster, namespace, "isvc", "huge"), "Stalled").get("status") == "True"
@@ -229,10 +231,11 @@ def test_an_unsatisfiable_spec_stalls_without_a_retry_storm(
         ),
         "Stalled=True",
     )
-    assert stalled["reason"] == "NoNodeHasEnoughGPUs"
+    assert stalled["reason"] == "NotEnoughGPUs"
     assert "16 GPUs" in stalled["message"]
     ready = _condition(_get(cluster, namespace, "isvc", "huge"), "Ready")
-    assert ready["status"] == "False" and ready["reason"] == "NoNodeHasEnoughGPUs"
+    assert ready["status"] == "False" and ready["reason"] == "NotEnoughGPUs"
+    assert _get(cluster, namespace, "deployment", "huge") is None, "nothing that cannot run"
     # Over the next ten seconds the object is left alone: one event, status unchanged.
     first = _get(cluster, namespace, "isvc", "huge")
     deadline = time.monotonic() + 10
@@ -244,7 +247,7 @@ def test_an_unsatisfiable_spec_stalls_without_a_retry_storm(
     events = _get(cluster, namespace, "events", "--field-selector", "involvedObject.name=huge")
     assert events is not None
     reasons = [e["reason"] for e in events["items"]]
-    assert reasons.count("NoNodeHasEnoughGPUs") == 1, reasons
+    assert reasons.count("NotEnoughGPUs") == 1, reasons
 
 
 def test_kubectl_scale_changes_the_replicas(op: OperatorProcess, namespace: str) -> None:

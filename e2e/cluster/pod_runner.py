@@ -45,7 +45,7 @@ from kubernetes_asyncio import client, config, watch
 from e2e.vllm_server import TINY_MODELS, tiny_model
 
 REPO: Final = Path(__file__).resolve().parents[2]
-RUNNER_ANNOTATION: Final = "e2e.vllm-operator.dev/runner"
+RUNNER_ANNOTATION: Final = "e2e.vllm-operator.dev/runner"  # vllm, fake-fail or fake-slow
 WARMUP_LABEL: Final = "inference.vllm-operator.dev/warmup-for"
 SERVER_PORT: Final = 8000
 # Arguments that describe GPUs; on the CPU they are replaced or dropped.
@@ -219,12 +219,34 @@ class Runner:
     def _server_for(self, pod: dict[str, Any]) -> Server | None:
         meta, spec, status = pod["metadata"], pod["spec"], pod.get("status", {})
         ip = status.get("podIP")
-        if not ip or not self.vllm_python:
+        if not ip:
             return None
         container = spec["containers"][0]
-        argv, notes = vllm_command(
-            container, python=self.vllm_python, models_dir=self.models_dir, host=ip
-        )
+        mode = (meta.get("annotations") or {}).get(RUNNER_ANNOTATION, "")
+        if mode.startswith("fake-"):
+            argv = [
+                sys.executable,
+                "-m",
+                "e2e.cluster.fault_server",
+                "--host",
+                ip,
+                "--port",
+                str(SERVER_PORT),
+                "--mode",
+                mode.removeprefix("fake-"),
+            ]
+            notes = [f"a fake server ({mode}) instead of vLLM"]
+        elif not self.vllm_python:
+            log.warning(
+                "Pod %s/%s wants vLLM, which is not installed (scripts/vllm-cpu.sh).",
+                meta["namespace"],
+                meta["name"],
+            )
+            return None
+        else:
+            argv, notes = vllm_command(
+                container, python=self.vllm_python, models_dir=self.models_dir, host=ip
+            )
         env = dict(os.environ)
         env.update({e["name"]: e["value"] for e in container.get("env", []) if "value" in e})
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -349,7 +371,7 @@ class Runner:
         annotations = meta.get("annotations") or {}
         labels = meta.get("labels") or {}
         phase = pod.get("status", {}).get("phase")
-        if annotations.get(RUNNER_ANNOTATION) == "vllm":
+        if annotations.get(RUNNER_ANNOTATION) in ("vllm", "fake-fail", "fake-slow"):
             srv = self.servers.get(key)
             if gone:
                 if srv is not None:

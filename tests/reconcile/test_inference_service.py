@@ -175,3 +175,15 @@ async def test_ready_once_the_deployment_reports_ready_replicas() -> None:
     assert outcome.ready
     assert _condition(api, body, "Ready")["status"] == "True"
     assert ("AllReplicasReady", "1 of 1 replicas are ready.", False) in api.events
+
+
+async def test_scaling_does_not_change_the_pod_template() -> None:
+    api, body = _cluster(_node("a", 2), workload={"peakConcurrency": 32})
+    await reconcile_inference_service(api, body, settings=SETTINGS, now=NOW)
+    key = ("apps/v1", "Deployment", "team-a", "chat")
+    before = api.objects[key]["spec"]["template"]
+    scaled = _stored(api, body)
+    scaled["spec"]["replicas"] = 4
+    await reconcile_inference_service(api, scaled, settings=SETTINGS, now=NOW)
+    assert api.objects[key]["spec"]["replicas"] == 4
+    assert api.objects[key]["spec"]["template"] == before, "a scale must not roll pods out"

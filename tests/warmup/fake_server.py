@@ -45,6 +45,9 @@ class FakeOpenAI:
     behaviour: Behaviour = field(default_factory=Behaviour)
     received: list[Received] = field(default_factory=list)
     health_checks: int = 0
+    # Where to listen (port 0: any free one); the pod runner puts it on a pod's IP.
+    host: str = "127.0.0.1"
+    bind_port: int = 0
 
     def __post_init__(self) -> None:
         self._loop = asyncio.new_event_loop()
@@ -54,7 +57,7 @@ class FakeOpenAI:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def start(self) -> FakeOpenAI:
         self._thread.start()
@@ -86,7 +89,7 @@ class FakeOpenAI:
         # A slow handler must not hold up the test's teardown.
         self._runner = web.AppRunner(app, shutdown_timeout=0.1)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, self.host, self.bind_port)
         await site.start()
         self.port = self._runner.addresses[0][1]
 

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from vllm_operator.constants import GPU_RESOURCE
-from vllm_operator.models import GPUNodeStatus, InferenceService
+from vllm_operator.models import GPUNodeStatus, InferenceService, InferenceServiceSpec
 from vllm_operator.models.inference_service import EffectiveTuning, PlannedPod
 from vllm_operator.tuning import (
     DoesNotFit,
@@ -97,12 +97,22 @@ def _unplanned(isvc: InferenceService, result: SpecOnly) -> EffectiveTuning:
     return tuning
 
 
+def _planning_spec(isvc: InferenceService) -> InferenceServiceSpec:
+    """The spec the tuner plans with: the replica count pinned to one that does not move
+    with scaling (autoscaling's minimum, else 1), because the per-pod arguments must not
+    change when an HPA or ``kubectl scale`` changes spec.replicas: a changed argument
+    rolls out every pod, which a scale operation must never do."""
+    auto = isvc.spec.autoscaling
+    replicas = max(1, auto.min_replicas) if auto.enabled else 1
+    return isvc.spec.model_copy(update={"replicas": replicas})
+
+
 def plan_inference_service(
     isvc: InferenceService, nodes: list[Manifest], gpu_nodes: list[Manifest]
 ) -> PlanOutcome:
     """The tuning in force for ``isvc`` on this cluster's nodes."""
     profiles = gpu_profiles(candidate_nodes(isvc, nodes), gpu_nodes)
-    result = plan_service(isvc.spec, profiles, name=isvc.metadata.name)
+    result = plan_service(_planning_spec(isvc), profiles, name=isvc.metadata.name)
     if isinstance(result, Plan):
         return PlanOutcome(result.effective_tuning())
     if isinstance(result, SpecOnly):
