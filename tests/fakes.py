@@ -75,6 +75,9 @@ class RecordingCluster:
             current = copy.deepcopy(manifest)
             if status is not None:
                 current["status"] = status
+        # The one thing an apiserver always adds that the reconcile relies on: a uid,
+        # which owner references need.
+        current.setdefault("metadata", {}).setdefault("uid", f"uid-{kind}-{meta['name']}")
         self.objects[key] = current
         return copy.deepcopy(current)
 

@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -47,6 +48,10 @@ from e2e.vllm_server import TINY_MODELS, tiny_model
 REPO: Final = Path(__file__).resolve().parents[2]
 RUNNER_ANNOTATION: Final = "e2e.vllm-operator.dev/runner"  # vllm, fake-fail or fake-slow
 WARMUP_LABEL: Final = "inference.vllm-operator.dev/warmup-for"
+BENCHMARK_LABEL: Final = "inference.vllm-operator.dev/inference-benchmark"
+_SERVICE_URL: Final = re.compile(
+    r"http://([a-z0-9-]+)\.([a-z0-9-]+)\.svc(?:\.cluster\.local)?:(\d+)"
+)
 SERVER_PORT: Final = 8000
 # Arguments that describe GPUs; on the CPU they are replaced or dropped.
 _DROP_WITH_VALUE: Final = {
@@ -294,6 +299,43 @@ class Runner:
 
     # --- warmup Jobs ----------------------------------------------------------------------
 
+    async def _service_to_pod(self, url: str) -> str:
+        """kube-proxy's part: a Service URL becomes the address of one of its Ready pods
+        (the local cluster has no Service proxy)."""
+        match = _SERVICE_URL.search(url)
+        if not match:
+            return url
+        svc_name, ns, _port = match.groups()
+        try:
+            svc = await self.core.read_namespaced_service(svc_name, ns)
+            selector = ",".join(f"{k}={v}" for k, v in (svc.spec.selector or {}).items())
+            pods = await self.core.list_namespaced_pod(ns, label_selector=selector)
+        except client.ApiException:
+            return url
+        for pod in pods.items:
+            conditions = pod.status.conditions or []
+            ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
+            if ready and pod.status.pod_ip:
+                return url.replace(match.group(0), f"http://{pod.status.pod_ip}:{SERVER_PORT}")
+        return url
+
+    async def _materialize(self, pod: dict[str, Any], args: list[str], tmp: Path) -> list[str]:
+        """The kubelet's part for ConfigMap volumes: their files on disk, the container's
+        paths pointed at them."""
+        volumes = {v["name"]: v for v in pod["spec"].get("volumes", [])}
+        ns = pod["metadata"]["namespace"]
+        for mount in pod["spec"]["containers"][0].get("volumeMounts", []):
+            cm = volumes.get(mount["name"], {}).get("configMap")
+            if not cm:
+                continue
+            data = (await self.core.read_namespaced_config_map(cm["name"], ns)).data or {}
+            folder = tmp / mount["name"]
+            folder.mkdir()
+            for key, value in data.items():
+                (folder / key).write_text(value)
+            args = [a.replace(mount["mountPath"], str(folder)) for a in args]
+        return args
+
     async def _run_job_pod(self, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]
         ns, name = meta["namespace"], meta["name"]
@@ -303,12 +345,14 @@ class Runner:
             return
         with tempfile.TemporaryDirectory() as tmp:
             term = Path(tmp) / "termination-log"
+            args = await self._materialize(pod, list(container.get("args", [])), Path(tmp))
+            args = [await self._service_to_pod(a) for a in args]
             argv = [
                 sys.executable,
                 "-m",
                 "vllm_operator.cli",
                 *command[1:],
-                *container.get("args", []),
+                *args,
                 "--termination-log",
                 str(term),
             ]
@@ -385,7 +429,7 @@ class Runner:
                     self.servers[key] = srv
                     log.info("Starting vLLM for pod %s/%s on %s.", *key, srv.ip)
                     srv.start()
-        elif WARMUP_LABEL in labels:
+        elif WARMUP_LABEL in labels or BENCHMARK_LABEL in labels:
             if gone:
                 task = self.jobs.pop(key, None)
                 if task is not None:

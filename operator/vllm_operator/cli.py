@@ -85,6 +85,7 @@ _COMPONENTS = (
     ("tune", "vllm_operator.tuning.cli"),
     ("agent", "vllm_operator.agent.cli"),
     ("warmup", "vllm_operator.warmup.cli"),
+    ("bench", "vllm_operator.bench.cli"),
 )
 
 

@@ -45,3 +45,8 @@ NODE_LABEL_GPU_INTERCONNECT: Final = f"{GROUP}/gpu-interconnect"
 
 # Extended resource a GPU pod requests.
 GPU_RESOURCE: Final = "nvidia.com/gpu"
+
+# The scale-down lock: a ConfigMap naming the InferenceService under benchmark. The chart's
+# ValidatingAdmissionPolicy refuses replica decreases of the named InferenceService and
+# Deployment while one exists; the operator itself never lowers replicas then either.
+LABEL_SCALE_DOWN_LOCK: Final = f"{GROUP}/scale-down-lock"

@@ -55,9 +55,6 @@ Api = Literal["completions", "chat"]
 # The first request of a level is due this long after the level is set up, so that it
 # is not late by construction.
 START_DELAY_S = 0.05
-# Timers are set this far ahead of their instant (not all at once: a level may have
-# millions of requests).
-TIMER_HORIZON_S = 1.0
 # Bytes of an error response kept in the record.
 ERROR_DETAIL_BYTES = 300
 
@@ -436,8 +433,8 @@ class _Level:
         self.slots = (
             asyncio.Semaphore(client.max_in_flight) if client.max_in_flight is not None else None
         )
-        self.launched = 0
-        self.total = 0
+        self.offsets: Sequence[float] = ()
+        self.start = 0.0
         self.all_launched = asyncio.Event()
 
     def _record(self, index: int, scheduled: float) -> RequestRecord:
@@ -464,29 +461,33 @@ class _Level:
             if self.on_done is not None:
                 self.on_done(rec)
 
-    # -- open loop: a timer per request, set at most TIMER_HORIZON_S ahead
+    # -- open loop: one timer at a time, each launch sets the next
 
-    def _launch(self, index: int, scheduled: float) -> None:
-        task = self.loop.create_task(self._one(self._record(index, scheduled)))
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-        self.launched += 1
-        if self.launched == self.total:
-            self.all_launched.set()
+    def _launch(self, index: int) -> None:
+        # Everything due by now goes out (a burst, or a timer that fired late), then one
+        # timer for the next request: O(1) work per request and a one-entry timer heap.
+        # Setting all timers up front, or a second's worth at a time, would stall the loop
+        # for milliseconds at high rates, and show as schedule lag.
+        offsets, start = self.offsets, self.start
+        now = self.loop.time()
+        while True:
+            at = start + offsets[index]
+            task = self.loop.create_task(self._one(self._record(index, at)))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+            index += 1
+            if index == len(offsets):
+                self.all_launched.set()
+                return
+            if start + offsets[index] > now:
+                break
+        self.loop.call_at(start + offsets[index], self._launch, index)
 
     async def open_loop(self, start: float, offsets: Sequence[float]) -> None:
-        self.total = len(offsets)
         if not offsets:
             return
-        i = 0
-        while i < len(offsets):
-            horizon = self.loop.time() + TIMER_HORIZON_S
-            while i < len(offsets) and start + offsets[i] <= horizon:
-                at = start + offsets[i]
-                self.loop.call_at(at, self._launch, i, at)
-                i += 1
-            if i < len(offsets):
-                await _sleep_until(self.loop, start + offsets[i] - TIMER_HORIZON_S / 2)
+        self.offsets, self.start = offsets, start
+        self.loop.call_at(start + offsets[0], self._launch, 0)
         await self.all_launched.wait()
 
     # -- closed loop: workers

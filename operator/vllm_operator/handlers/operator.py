@@ -19,21 +19,28 @@ from prometheus_client import start_http_server
 from vllm_operator.constants import (
     API_VERSION,
     GROUP,
+    KIND_INFERENCE_BENCHMARK,
     KIND_INFERENCE_SERVICE,
+    LABEL_BENCHMARK,
+    LABEL_SCALE_DOWN_LOCK,
     LABEL_SERVICE,
     LABEL_WARMUP_FOR,
+    PLURAL_INFERENCE_BENCHMARK,
     PLURAL_INFERENCE_SERVICE,
     VERSION,
 )
 from vllm_operator.k8s.api import ApiError
 from vllm_operator.k8s.client import KubeClient, load_config
 from vllm_operator.metrics import CONDITIONS, RECONCILE_SECONDS, RECONCILES
+from vllm_operator.reconcile.benchmark import reconcile_inference_benchmark
 from vllm_operator.reconcile.inference_service import reconcile_inference_service
 from vllm_operator.reconcile.queue import WorkQueue
 from vllm_operator.settings import OperatorSettings
 
 log = logging.getLogger("vllm_operator")
-Key = tuple[str, str]
+# (kind, namespace, name) of the object to reconcile.
+Key = tuple[str, str, str]
+ISVC, BENCH = "isvc", "bench"
 
 
 def _settings(memo: Any) -> OperatorSettings:
@@ -62,7 +69,9 @@ async def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
 
 
 async def _work(memo: Any, key: Key) -> float | None:
-    namespace, name = key
+    kind, namespace, name = key
+    if kind == BENCH:
+        return await _work_benchmark(memo, key)
     api: KubeClient = memo.api
     queue: WorkQueue[Key] = memo.queue
     body = await api.get(API_VERSION, KIND_INFERENCE_SERVICE, name, namespace)
@@ -88,6 +97,30 @@ async def _work(memo: Any, key: Key) -> float | None:
     return None
 
 
+async def _work_benchmark(memo: Any, key: Key) -> float | None:
+    _, namespace, name = key
+    api: KubeClient = memo.api
+    queue: WorkQueue[Key] = memo.queue
+    body = await api.get(API_VERSION, KIND_INFERENCE_BENCHMARK, name, namespace)
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        queue.forget(key)
+        return None
+    with RECONCILE_SECONDS.labels(KIND_INFERENCE_BENCHMARK).time():
+        try:
+            phase = await reconcile_inference_benchmark(api, body, settings=_settings(memo))
+        except ApiError as err:
+            RECONCILES.labels(KIND_INFERENCE_BENCHMARK, "retry").inc()
+            log.warning(
+                "Reconcile of InferenceBenchmark failed; retrying.",
+                extra={"object": f"{namespace}/{name}", "error": str(err)},
+            )
+            return queue.backoff(key)
+    RECONCILES.labels(KIND_INFERENCE_BENCHMARK, "ok").inc()
+    queue.forget(key)
+    # A pending benchmark waits for its target to become Ready: look again soon.
+    return 5.0 if phase == "Pending" else None
+
+
 async def _resync(memo: Any) -> None:
     """Every resync period, every InferenceService gets a reconcile (spread over the
     period, so a thousand objects do not arrive at once)."""
@@ -107,7 +140,7 @@ async def _resync(memo: Any) -> None:
             for item in items:
                 meta = item["metadata"]
                 memo.queue.add(
-                    (meta["namespace"], meta["name"]),
+                    (ISVC, meta["namespace"], meta["name"]),
                     random.uniform(0, settings.resync_seconds / 2),
                 )
 
@@ -150,13 +183,13 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 @kopf.on.event(GROUP, VERSION, PLURAL_INFERENCE_SERVICE)
 async def inference_service_event(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
     if namespace:
-        memo.queue.add((namespace, name))
+        memo.queue.add((ISVC, namespace, name))
 
 
 def _owner_event(body: kopf.Body, namespace: str | None, memo: Any) -> None:
     owner = body.get("metadata", {}).get("labels", {}).get(LABEL_SERVICE)
     if owner and namespace:
-        memo.queue.add((namespace, owner))
+        memo.queue.add((ISVC, namespace, owner))
 
 
 @kopf.on.event("apps", "v1", "deployments", labels={LABEL_SERVICE: kopf.PRESENT})
@@ -178,7 +211,28 @@ async def pdb_event(body: kopf.Body, namespace: str | None, memo: Any, **_: Any)
 async def warmup_job_event(body: kopf.Body, namespace: str | None, memo: Any, **_: Any) -> None:
     owner = body.get("metadata", {}).get("labels", {}).get(LABEL_WARMUP_FOR)
     if owner and namespace:
-        memo.queue.add((namespace, owner))
+        memo.queue.add((ISVC, namespace, owner))
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL_INFERENCE_BENCHMARK)
+async def inference_benchmark_event(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
+    if namespace:
+        memo.queue.add((BENCH, namespace, name))
+
+
+@kopf.on.event("batch", "v1", "jobs", labels={LABEL_BENCHMARK: kopf.PRESENT})
+async def benchmark_job_event(body: kopf.Body, namespace: str | None, memo: Any, **_: Any) -> None:
+    owner = body.get("metadata", {}).get("labels", {}).get(LABEL_BENCHMARK)
+    if owner and namespace:
+        memo.queue.add((BENCH, namespace, owner))
+
+
+@kopf.on.event("", "v1", "configmaps", labels={LABEL_SCALE_DOWN_LOCK: "true"})
+async def lock_event(body: kopf.Body, namespace: str | None, memo: Any, **_: Any) -> None:
+    """A lock coming or going changes what its InferenceService may do."""
+    target = (body.get("data") or {}).get("inferenceService")
+    if target and namespace:
+        memo.queue.add((ISVC, namespace, target))
 
 
 @kopf.on.event("", "v1", "pods", labels={LABEL_SERVICE: kopf.PRESENT})

@@ -23,6 +23,7 @@ from vllm_operator.constants import (
 from vllm_operator.k8s.api import ApiError, ClusterAPI, Manifest
 from vllm_operator.models import InferenceService, InferenceServiceStatus
 from vllm_operator.models.inference_service import EffectiveTuning, WarmupStatus
+from vllm_operator.reconcile.benchmark import active_lock, last_benchmark
 from vllm_operator.reconcile.conditions import condition, find
 from vllm_operator.reconcile.plan import plan_inference_service
 from vllm_operator.reconcile.status import Observed, Problem, compute_status
@@ -229,6 +230,12 @@ async def reconcile_inference_service(
         verdict = planned.does_not_fit
         problems.insert(0, Problem(verdict.reason, verdict.message))
     desired = isvc.spec.replicas
+    blocked_by = await active_lock(api, isvc)
+    if blocked_by is not None:
+        # A benchmark runs: never fewer replicas than are running now (scale-up is fine).
+        live = await api.get("apps/v1", "Deployment", deployment_name(isvc), ns)
+        running = int((live or {}).get("spec", {}).get("replicas", 0) or 0)
+        desired = max(desired, running)
 
     deployment: Manifest | None = None
     children = [build_service(isvc), build_pdb(isvc)]
@@ -274,6 +281,8 @@ async def reconcile_inference_service(
         warmup=warmup_status,
         warmed=warm.warmed if isvc.spec.warmup.enabled else None,
         warmup_failures=warm.failures,
+        scale_down_blocked_by=blocked_by,
+        last_benchmark=await last_benchmark(api, isvc),
     )
     status = compute_status(isvc, observed, now=now)
     old = _stored_status(body)

@@ -12,7 +12,11 @@ from typing import Any
 
 from vllm_operator.constants import WARMED_UP_CONDITION
 from vllm_operator.models import InferenceService, InferenceServiceStatus
-from vllm_operator.models.inference_service import EffectiveTuning, WarmupStatus
+from vllm_operator.models.inference_service import (
+    BenchmarkSummary,
+    EffectiveTuning,
+    WarmupStatus,
+)
 from vllm_operator.reconcile.conditions import condition
 from vllm_operator.render.meta import selector_string
 from vllm_operator.render.service import endpoint_url
@@ -42,6 +46,7 @@ class Observed:
     # From the warmup orchestration, when it ran: pods warmed now, and why others failed.
     warmed: int | None = None
     warmup_failures: list[str] = field(default_factory=list)
+    last_benchmark: BenchmarkSummary | None = None
 
 
 def _pod_condition(pod: Manifest, type_: str) -> bool:
@@ -158,7 +163,7 @@ def compute_status(
         ),
     ]
     deployment_status = (observed.deployment or {}).get("status", {})
-    last_benchmark = isvc.status.last_benchmark if isvc.status else None
+    last_benchmark = observed.last_benchmark
     return InferenceServiceStatus(
         observed_generation=gen,
         conditions=conditions,

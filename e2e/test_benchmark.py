@@ -1,0 +1,260 @@
+"""InferenceBenchmark on the real control plane: the load Job runs against a target whose
+pods are real (fake, fast) servers, and while it runs no path may lower the replicas."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e.cluster.cluster import ClusterHandle
+from e2e.operator_fixtures import OperatorProcess, crds, operator_process, pod_runner  # noqa: F401
+from e2e.test_operator import _condition, _get, _wait
+
+GROUP = "inference.vllm-operator.dev"
+REPO = Path(__file__).parents[1]
+
+
+@pytest.fixture(scope="module")
+def lock_policy(crds: ClusterHandle) -> Iterator[None]:  # noqa: F811
+    """The chart's ValidatingAdmissionPolicy for the lock, rendered by helm and applied."""
+    assert crds.helm_path is not None
+    rendered = subprocess.run(
+        [
+            str(crds.helm_path),
+            "template",
+            "t",
+            str(REPO / "charts" / "vllm-operator"),
+            "--show-only",
+            "templates/admission-policy.yaml",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    crds.kubectl("apply", "-f", "-", input=rendered)
+    yield
+    crds.kubectl("delete", "-f", "-", input=rendered, check=False)
+
+
+def _target(name: str, replicas: int) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"name": "fake", "source": {"image": {"path": "/models/fake"}}},
+            "replicas": replicas,
+            "gpu": {"count": 1},
+            "warmup": {"enabled": False},
+            "podTemplate": {"annotations": {"e2e.vllm-operator.dev/runner": "fake-slow"}},
+        },
+    }
+
+
+def _bench(name: str, target: str, seconds: int) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/v1alpha1",
+        "kind": "InferenceBenchmark",
+        "metadata": {"name": name},
+        "spec": {
+            "targetRef": {"name": target},
+            "workload": {
+                "promptTokens": {"type": "Fixed", "value": 16},
+                "outputTokens": {"type": "Fixed", "value": 4},
+            },
+            "arrival": {"process": "Poisson", "ratePerSecond": 2},
+            "durationSeconds": seconds,
+            "endpoint": {"api": "Completions", "stream": True},
+            "seed": 1,
+        },
+    }
+
+
+def _phase(cluster: ClusterHandle, ns: str, name: str) -> str | None:
+    obj = _get(cluster, ns, "inferencebenchmark", name) or {}
+    phase: str | None = obj.get("status", {}).get("phase")
+    return phase
+
+
+def _replicas(cluster: ClusterHandle, ns: str, kind: str, name: str) -> int:
+    return int((_get(cluster, ns, kind, name) or {}).get("spec", {}).get("replicas", -1))
+
+
+def _refused(cluster: ClusterHandle, *args: str) -> str:
+    proc = cluster.kubectl(*args, check=False)
+    assert proc.returncode != 0, f"{' '.join(args)} was allowed"
+    return proc.stderr
+
+
+def test_a_benchmark_runs_and_no_path_can_scale_its_target_down(
+    operator_process: OperatorProcess,  # noqa: F811
+    pod_runner: int,  # noqa: F811
+    lock_policy: None,
+    namespace: str,
+) -> None:
+    cluster, ns = operator_process.cluster, namespace
+    if not operator_process.alive():
+        operator_process.start()
+    cluster.apply(_target("svc", 2), namespace=ns)
+    _wait(
+        lambda: (
+            (i := _get(cluster, ns, "isvc", "svc"))
+            and i["status"].get("readyReplicas") == 2
+            and _condition(i, "Ready").get("status") == "True"
+        ),
+        "two ready replicas",
+        timeout=120,
+    )
+    cluster.apply(_bench("load", "svc", 30), namespace=ns)
+    _wait(lambda: _phase(cluster, ns, "load") == "Running", "the benchmark to run", timeout=90)
+    _wait(lambda: _get(cluster, ns, "configmap", "load-lock"), "the lock", timeout=30)
+    _wait(
+        lambda: (
+            _condition(_get(cluster, ns, "isvc", "svc"), "ScaleDownBlocked").get("status") == "True"
+        ),
+        "ScaleDownBlocked=True",
+    )
+    blocked = _condition(_get(cluster, ns, "isvc", "svc"), "ScaleDownBlocked")
+    assert "load" in blocked["message"]
+
+    # Every way down is refused while it runs ...
+    err = _refused(cluster, "scale", "isvc", "svc", "-n", ns, "--replicas=1")
+    assert "while InferenceBenchmark load runs" in err
+    _refused(cluster, "scale", "deployment", "svc", "-n", ns, "--replicas=1")
+    _refused(
+        cluster,
+        "patch",
+        "deployment",
+        "svc",
+        "-n",
+        ns,
+        "--type=merge",
+        "-p",
+        '{"spec": {"replicas": 1}}',
+    )
+    _refused(
+        cluster, "patch", "isvc", "svc", "-n", ns, "--type=merge", "-p", '{"spec": {"replicas": 1}}'
+    )
+    cluster.apply(
+        {
+            "apiVersion": "autoscaling/v2",
+            "kind": "HorizontalPodAutoscaler",
+            "metadata": {"name": "svc"},
+            "spec": {
+                "scaleTargetRef": {
+                    "apiVersion": f"{GROUP}/v1alpha1",
+                    "kind": "InferenceService",
+                    "name": "svc",
+                },
+                "minReplicas": 1,
+                "maxReplicas": 1,
+                "metrics": [
+                    {
+                        "type": "Resource",
+                        "resource": {
+                            "name": "cpu",
+                            "target": {"type": "Utilization", "averageUtilization": 80},
+                        },
+                    }
+                ],
+            },
+        },
+        namespace=ns,
+    )
+    _wait(
+        lambda: any(
+            e.get("reason") == "FailedRescale"
+            for e in (
+                _get(
+                    cluster,
+                    ns,
+                    "events",
+                    "--field-selector",
+                    "involvedObject.kind=HorizontalPodAutoscaler",
+                )
+                or {}
+            ).get("items", [])
+        ),
+        "the HPA's scale-down to be refused",
+        timeout=60,
+    )
+    cluster.kubectl("delete", "hpa", "svc", "-n", ns)
+    assert _replicas(cluster, ns, "isvc", "svc") == 2
+    assert _replicas(cluster, ns, "deployment", "svc") == 2
+    # ... while up is allowed.
+    cluster.kubectl("scale", "isvc", "svc", "-n", ns, "--replicas=3")
+    _wait(lambda: _replicas(cluster, ns, "deployment", "svc") == 3, "the scale-up")
+
+    bench = _wait(
+        lambda: (
+            (b := _get(cluster, ns, "inferencebenchmark", "load"))
+            and b.get("status", {}).get("phase") in ("Succeeded", "Failed")
+            and b
+        ),
+        "the benchmark to end",
+        timeout=180,
+    )
+    status = bench["status"]
+    assert status["phase"] == "Succeeded", status
+    head = status["headline"]
+    assert head["requests"] > 0 and head["succeeded"] > 0
+    assert head["fromScheduled"]["ttft"]["p99"] >= 400, "the fake server waits 0.4 s"
+    assert _condition(bench, "Ready")["status"] == "True"
+    _wait(lambda: _get(cluster, ns, "configmap", "load-lock") is None, "the lock to go")
+    isvc = _wait(
+        lambda: (
+            (i := _get(cluster, ns, "isvc", "svc"))
+            and _condition(i, "ScaleDownBlocked").get("status") == "False"
+            and i
+        ),
+        "ScaleDownBlocked=False",
+    )
+    assert isvc["status"]["lastBenchmark"]["name"] == "load"
+    assert isvc["status"]["lastBenchmark"]["phase"] == "Succeeded"
+    # Afterwards, down works again.
+    cluster.kubectl("scale", "isvc", "svc", "-n", ns, "--replicas=1")
+    _wait(lambda: _replicas(cluster, ns, "deployment", "svc") == 1, "the scale-down")
+
+
+def test_the_lock_clears_when_the_operator_is_down_as_the_benchmark_ends(
+    operator_process: OperatorProcess,  # noqa: F811
+    pod_runner: int,  # noqa: F811
+    lock_policy: None,
+    namespace: str,
+) -> None:
+    cluster, ns = operator_process.cluster, namespace
+    if not operator_process.alive():
+        operator_process.start()
+    cluster.apply(_target("svc", 2), namespace=ns)
+    _wait(
+        lambda: (
+            (i := _get(cluster, ns, "isvc", "svc"))
+            and _condition(i, "Ready").get("status") == "True"
+        ),
+        "Ready",
+        timeout=120,
+    )
+    cluster.apply(_bench("short", "svc", 10), namespace=ns)
+    _wait(lambda: _get(cluster, ns, "configmap", "short-lock"), "the lock", timeout=90)
+    operator_process.stop()
+    try:
+        _refused(cluster, "scale", "isvc", "svc", "-n", ns, "--replicas=1")
+        # The Job ends, the TTL controller deletes it, garbage collection takes the lock.
+        _wait(
+            lambda: _get(cluster, ns, "configmap", "short-lock") is None,
+            "the lock to go without the operator",
+            timeout=180,
+        )
+        cluster.kubectl("scale", "isvc", "svc", "-n", ns, "--replicas=1")
+        assert _replicas(cluster, ns, "isvc", "svc") == 1
+    finally:
+        operator_process.start()
+    _wait(
+        lambda: _phase(cluster, ns, "short") in ("Succeeded", "Failed"),
+        "the benchmark to be closed by the restarted operator",
+        timeout=60,
+    )

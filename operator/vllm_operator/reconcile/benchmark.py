@@ -1,0 +1,293 @@
+"""The one reconcile of an InferenceBenchmark: wait for a Ready target, run the load Job
+under a scale-down lock, then record what it measured.
+
+Phases: Pending (target missing or not Ready yet) → Running (the Job runs; the lock holds)
+→ Succeeded or Failed (the lock is released; the Job, and anything left of the lock, go by
+TTL and garbage collection). Terminal phases are never left: a benchmark is a record.
+Conditions mirror the phase (Ready, Reconciling, Stalled) so kstatus and Argo CD read it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from vllm_operator.constants import API_VERSION, KIND_INFERENCE_BENCHMARK, KIND_INFERENCE_SERVICE
+from vllm_operator.k8s.api import ClusterAPI, Manifest
+from vllm_operator.models import InferenceBenchmark, InferenceBenchmarkStatus, InferenceService
+from vllm_operator.models.base import Condition
+from vllm_operator.models.inference_service import BenchmarkSummary
+from vllm_operator.reconcile.conditions import condition
+from vllm_operator.reconcile.warmup import _job_state
+from vllm_operator.render.benchmark import (
+    build_load_job,
+    build_lock,
+    build_spec_config_map,
+    load_job_name,
+    lock_name,
+)
+from vllm_operator.render.deployment import served_model_name
+from vllm_operator.render.service import endpoint_url
+from vllm_operator.settings import OperatorSettings
+
+log = logging.getLogger(__name__)
+TERMINAL = ("Succeeded", "Failed")
+
+
+def _conditions(
+    phase: str, reason: str, message: str, *, gen: int | None, now: datetime, old: list[Condition]
+) -> list[Condition]:
+    done, failed = phase == "Succeeded", phase == "Failed"
+    return [
+        condition("Ready", done, reason, message, now=now, generation=gen, previous=old),
+        condition(
+            "Reconciling",
+            not (done or failed),
+            reason,
+            message,
+            now=now,
+            generation=gen,
+            previous=old,
+        ),
+        condition("Stalled", failed, reason, message, now=now, generation=gen, previous=old),
+    ]
+
+
+async def _write(
+    api: ClusterAPI, body: Manifest, bench: InferenceBenchmark, status: InferenceBenchmarkStatus
+) -> None:
+    if bench.status == status:
+        return
+    meta = body["metadata"]
+    await api.apply(
+        {
+            "apiVersion": API_VERSION,
+            "kind": KIND_INFERENCE_BENCHMARK,
+            "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+            "status": status.to_wire(),
+        },
+        subresource="status",
+    )
+    old_phase = bench.status.phase if bench.status else None
+    if status.phase != old_phase:
+        ready = next(c for c in status.conditions if c.type in ("Ready",))
+        await api.event(
+            body,
+            reason=ready.reason,
+            message=f"Phase {status.phase}: {ready.message}",
+            warning=status.phase == "Failed",
+        )
+
+
+async def _report(api: ClusterAPI, ns: str, job: str) -> dict[str, Any] | None:
+    pods = await api.list("v1", "Pod", ns, label_selector=f"batch.kubernetes.io/job-name={job}")
+    for pod in pods:
+        for cs in pod.get("status", {}).get("containerStatuses", []):
+            message = cs.get("state", {}).get("terminated", {}).get("message")
+            if message:
+                try:
+                    data: dict[str, Any] = json.loads(message)
+                except ValueError:
+                    return {"error": message[:500]}
+                return data
+    return None
+
+
+async def reconcile_inference_benchmark(
+    api: ClusterAPI,
+    body: Manifest,
+    *,
+    settings: OperatorSettings,
+    now: datetime | None = None,
+) -> str:
+    """Advance one InferenceBenchmark; returns its phase."""
+    now = (now or datetime.now(UTC)).replace(microsecond=0)
+    try:
+        bench = InferenceBenchmark.model_validate(body)
+    except ValidationError as err:
+        log.warning("InferenceBenchmark is invalid.", extra={"error": str(err)})
+        return "Failed"
+    ns = bench.metadata.namespace or ""
+    gen = bench.metadata.generation
+    old = bench.status or InferenceBenchmarkStatus()
+    old_conditions = old.conditions
+
+    def status(phase: str, reason: str, message: str, **fields: Any) -> InferenceBenchmarkStatus:
+        base = old.model_dump(exclude={"conditions", "phase", "observed_generation"})
+        base.update(fields)
+        return InferenceBenchmarkStatus(
+            observed_generation=gen,
+            phase=phase,
+            conditions=_conditions(phase, reason, message, gen=gen, now=now, old=old_conditions),
+            **{k: v for k, v in base.items() if k not in ("observed_generation", "phase")},
+        )
+
+    if old.phase in TERMINAL:
+        # Released already, but a lock left by a crash between the two writes goes now.
+        await api.delete("v1", "ConfigMap", lock_name(bench), ns)
+        return old.phase
+
+    job = await api.get("batch/v1", "Job", load_job_name(bench), ns)
+    if job is None:
+        if old.phase == "Running":
+            # The Job finished and went by TTL while no operator collected it.
+            await _write(
+                api,
+                body,
+                bench,
+                status(
+                    "Failed",
+                    "ResultsLost",
+                    "The load Job finished and was cleaned up before the operator read its "
+                    "results (was the operator down?).",
+                    completion_time=now,
+                ),
+            )
+            return "Failed"
+        target_body = await api.get(
+            API_VERSION, KIND_INFERENCE_SERVICE, bench.spec.target_ref.name, ns
+        )
+        if target_body is None:
+            await _write(
+                api,
+                body,
+                bench,
+                status(
+                    "Pending",
+                    "TargetNotFound",
+                    f"InferenceService {bench.spec.target_ref.name} (spec.targetRef) does not "
+                    f"exist in namespace {ns}.",
+                ),
+            )
+            return "Pending"
+        target = InferenceService.model_validate(target_body)
+        ready = next(
+            (c for c in (target.status.conditions if target.status else []) if c.type == "Ready"),
+            None,
+        )
+        if ready is None or ready.status != "True":
+            await _write(
+                api,
+                body,
+                bench,
+                status(
+                    "Pending",
+                    "TargetNotReady",
+                    f"Waiting for InferenceService {target.metadata.name} to be Ready.",
+                ),
+            )
+            return "Pending"
+        await api.apply(build_spec_config_map(bench))
+        job = await api.apply(
+            build_load_job(
+                bench,
+                image=settings.warmup_image,
+                endpoint=endpoint_url(target).removesuffix("/v1"),
+                model=served_model_name(target),
+            )
+        )
+    state = _job_state(job)
+    if state == "Running":
+        await api.apply(build_lock(bench, job))
+        await _write(
+            api,
+            body,
+            bench,
+            status(
+                "Running",
+                "LoadRunning",
+                f"Job {job['metadata']['name']} is sending load; InferenceService "
+                f"{bench.spec.target_ref.name} cannot scale down until it ends.",
+                start_time=old.start_time or now,
+            ),
+        )
+        return "Running"
+    report = await _report(api, ns, job["metadata"]["name"]) or {}
+    await api.delete("v1", "ConfigMap", lock_name(bench), ns)
+    if state == "Succeeded" and "headline" in report:
+        measured = InferenceBenchmarkStatus.model_validate(
+            {k: v for k, v in report.items() if k in ("levels", "headline", "kneeRatePerSecond")}
+        )
+        await _write(
+            api,
+            body,
+            bench,
+            status(
+                "Succeeded",
+                "Completed",
+                "The benchmark ran to the end.",
+                start_time=old.start_time or now,
+                completion_time=now,
+                levels=measured.levels,
+                headline=measured.headline,
+                knee_rate_per_second=measured.knee_rate_per_second,
+            ),
+        )
+        return "Succeeded"
+    why = report.get("error") or report.get("message") or "the load Job failed"
+    await _write(
+        api,
+        body,
+        bench,
+        status(
+            "Failed",
+            "LoadFailed",
+            f"Job {job['metadata']['name']} failed: {why}",
+            start_time=old.start_time or now,
+            completion_time=now,
+        ),
+    )
+    return "Failed"
+
+
+async def active_lock(api: ClusterAPI, isvc: InferenceService) -> str | None:
+    """The benchmark holding a scale-down lock on ``isvc``, if any."""
+    locks = await api.list(
+        "v1",
+        "ConfigMap",
+        isvc.metadata.namespace,
+        label_selector="inference.vllm-operator.dev/scale-down-lock=true",
+    )
+    for lock in locks:
+        data = lock.get("data") or {}
+        if data.get("inferenceService") == isvc.metadata.name and not lock["metadata"].get(
+            "deletionTimestamp"
+        ):
+            return str(data.get("benchmark") or lock["metadata"]["name"])
+    return None
+
+
+async def last_benchmark(api: ClusterAPI, isvc: InferenceService) -> BenchmarkSummary | None:
+    """The most recent finished benchmark of ``isvc``, computed from the benchmarks
+    themselves (not stored: deleting a benchmark drops it from here too)."""
+    found: list[InferenceBenchmark] = []
+    for item in await api.list(API_VERSION, KIND_INFERENCE_BENCHMARK, isvc.metadata.namespace):
+        try:
+            bench = InferenceBenchmark.model_validate(item)
+        except ValidationError:
+            continue
+        if (
+            bench.spec.target_ref.name == isvc.metadata.name
+            and bench.status
+            and (bench.status.phase in TERMINAL and bench.status.completion_time)
+        ):
+            found.append(bench)
+    if not found:
+        return None
+    latest = max(found, key=lambda b: b.status.completion_time)  # type: ignore[union-attr,arg-type,return-value]
+    st = latest.status
+    assert st is not None
+    head = st.headline
+    ttft = head.from_scheduled.ttft if head and head.from_scheduled else None
+    return BenchmarkSummary(
+        name=latest.metadata.name,
+        phase=st.phase or "Unknown",
+        completion_time=st.completion_time,
+        requests_per_second=head.requests_per_second if head else None,
+        ttft_p99_milliseconds=ttft.p99 if ttft else None,
+        slo_attainment=head.slo_attainment if head else None,
+    )

@@ -1,0 +1,175 @@
+"""The InferenceBenchmark reconcile and the operator's own scale-down clamp, against the
+recording ClusterAPI."""
+
+from __future__ import annotations
+
+import copy
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from tests.fakes import RecordingCluster
+from tests.specs import BASE
+from vllm_operator.reconcile.benchmark import reconcile_inference_benchmark
+from vllm_operator.reconcile.inference_service import reconcile_inference_service
+from vllm_operator.settings import OperatorSettings
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+SETTINGS = OperatorSettings()
+BENCH: dict[str, Any] = {
+    "apiVersion": "inference.vllm-operator.dev/v1alpha1",
+    "kind": "InferenceBenchmark",
+    "metadata": {"name": "load", "namespace": "team-a", "uid": "b-1", "generation": 1},
+    "spec": {
+        "targetRef": {"name": "chat"},
+        "workload": {
+            "promptTokens": {"type": "Fixed", "value": 16},
+            "outputTokens": {"type": "Fixed", "value": 4},
+        },
+        "arrival": {"process": "Poisson", "ratePerSecond": 2},
+        "durationSeconds": 30,
+    },
+}
+KEY = ("inference.vllm-operator.dev/v1alpha1", "InferenceBenchmark", "team-a", "load")
+
+
+def _target(ready: bool) -> dict[str, Any]:
+    body = copy.deepcopy(BASE)
+    body["status"] = {
+        "conditions": [
+            {
+                "type": "Ready",
+                "status": "True" if ready else "False",
+                "reason": "x",
+                "message": "",
+                "lastTransitionTime": "2026-11-29T11:00:00Z",
+            }
+        ]
+    }
+    return body
+
+
+def _job_done(api: RecordingCluster, state: str, report: dict[str, Any]) -> None:
+    job = api.objects[("batch/v1", "Job", "team-a", "load-load")]
+    job["status"] = {"conditions": [{"type": state, "status": "True"}]}
+    api.put(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": "load-load-x",
+                "namespace": "team-a",
+                "labels": {"batch.kubernetes.io/job-name": "load-load"},
+            },
+            "status": {
+                "containerStatuses": [{"state": {"terminated": {"message": json.dumps(report)}}}]
+            },
+        }
+    )
+
+
+async def _run(api: RecordingCluster) -> str:
+    return await reconcile_inference_benchmark(api, api.objects[KEY], settings=SETTINGS, now=NOW)
+
+
+def _phase(api: RecordingCluster) -> tuple[str, str]:
+    status = api.objects[KEY]["status"]
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    return status["phase"], ready["reason"]
+
+
+async def test_a_benchmark_waits_for_a_missing_target() -> None:
+    api = RecordingCluster()
+    api.put(BENCH)
+    assert await _run(api) == "Pending"
+    assert _phase(api) == ("Pending", "TargetNotFound")
+    assert api.applied("Job") == []
+
+
+async def test_a_benchmark_waits_for_a_target_that_is_not_ready() -> None:
+    api = RecordingCluster()
+    api.put(BENCH)
+    api.put(_target(ready=False))
+    assert await _run(api) == "Pending"
+    assert _phase(api) == ("Pending", "TargetNotReady")
+
+
+async def test_a_ready_target_gets_the_load_job_and_the_lock() -> None:
+    api = RecordingCluster()
+    api.put(BENCH)
+    api.put(_target(ready=True))
+    assert await _run(api) == "Running"
+    job = api.objects[("batch/v1", "Job", "team-a", "load-load")]
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--endpoint") + 1] == "http://chat.team-a.svc:8000"
+    lock = api.objects[("v1", "ConfigMap", "team-a", "load-lock")]
+    assert lock["data"] == {"inferenceService": "chat", "benchmark": "load"}
+    assert lock["metadata"]["labels"]["inference.vllm-operator.dev/scale-down-lock"] == "true"
+    assert lock["metadata"]["ownerReferences"][0]["kind"] == "Job"
+    assert _phase(api) == ("Running", "LoadRunning")
+
+
+async def test_a_finished_job_gives_the_results_and_releases_the_lock() -> None:
+    api = RecordingCluster()
+    api.put(BENCH)
+    api.put(_target(ready=True))
+    await _run(api)
+    headline = {"requests": 60, "succeeded": 60, "failed": 0, "requestsPerSecond": 2.0}
+    _job_done(api, "Complete", {"levels": [headline], "headline": headline})
+    assert await _run(api) == "Succeeded"
+    status = api.objects[KEY]["status"]
+    assert status["headline"]["requests"] == 60 and status["completionTime"]
+    assert ("delete", "ConfigMap", "load-lock") in api.calls
+
+
+async def test_a_job_gone_while_running_is_reported_as_lost_results() -> None:
+    api = RecordingCluster()
+    bench = copy.deepcopy(BENCH)
+    bench["status"] = {"phase": "Running", "conditions": []}
+    api.put(bench)
+    assert await _run(api) == "Failed"
+    assert _phase(api) == ("Failed", "ResultsLost")
+
+
+async def test_the_operator_never_lowers_replicas_under_a_lock() -> None:
+    api = RecordingCluster()
+    api.put(
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": "a",
+                "labels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+            },
+            "status": {"allocatable": {"nvidia.com/gpu": "8"}},
+        }
+    )
+    body = copy.deepcopy(BASE)
+    body["spec"]["replicas"] = 1
+    api.put(body)
+    api.put(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "chat", "namespace": "team-a"},
+            "spec": {"replicas": 3},
+        }
+    )
+    api.put(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": "load-lock",
+                "namespace": "team-a",
+                "labels": {"inference.vllm-operator.dev/scale-down-lock": "true"},
+            },
+            "data": {"inferenceService": "chat", "benchmark": "load"},
+        }
+    )
+    await reconcile_inference_service(api, body, settings=SETTINGS, now=NOW)
+    dep = api.objects[("apps/v1", "Deployment", "team-a", "chat")]
+    assert dep["spec"]["replicas"] == 3, "held at the running count, not lowered to 1"
+    status = api.objects[(BASE["apiVersion"], "InferenceService", "team-a", "chat")]["status"]
+    blocked = next(c for c in status["conditions"] if c["type"] == "ScaleDownBlocked")
+    assert blocked["status"] == "True" and "load" in blocked["message"]
