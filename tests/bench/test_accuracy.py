@@ -1,11 +1,18 @@
 """Accuracy of the load client against a server whose timings are known exactly.
 
 The fake server (its own process, tests/bench/fake_server.py) injects delays, fixed or
-drawn from heavy-tailed distributions, and logs on the host's monotonic clock when each
-request arrived and when each chunk was written. That log is the truth: the client's
-reported TTFT, ITL and E2E percentiles must be within 1 ms of the same percentiles of the
-server's own timings (issue 7). The difference that remains is the loopback transfer and
-the HTTP handling on both sides.
+drawn from heavy-tailed distributions, and logs on the host's monotonic clock, the clock
+the client uses too, when each request arrived and when it wrote each chunk. Each instant
+the client records is checked against the server's record of the same event:
+
+- the send stamp: every request reached the server after the client stamped it as sent,
+  and typically within a fraction of a millisecond;
+- the truth of each request is then the server's writes measured from that send: TTFT is
+  the server's first write minus the send, ITL the gaps between the server's writes, E2E
+  the server's last write minus the send. (Measuring from the server's own arrival stamp
+  instead would leave out the time the operating system took to wake the server, which is
+  latency the user sees.) The client's TTFT, ITL and E2E percentiles, P50 to P99.9, must
+  be within 1 ms of the truth's (issue 7).
 
 A client that cannot keep up must say so, and its latency from the scheduled time must
 show the queueing that latency from the send time hides.
@@ -58,14 +65,20 @@ def run_level(
     return timing.run(go())
 
 
-def truth(log: list[dict[str, Any]]) -> dict[str, list[float]]:
-    """The server's own TTFT, ITL and E2E (seconds) of the level's completed requests."""
+def truth(log: list[dict[str, Any]], recording: LevelRecording) -> dict[str, list[float]]:
+    """TTFT, ITL and E2E (seconds) of the level's completed requests, from the server's
+    writes and the client's send stamps (see the module docstring)."""
+    sent = {f"acc-0-{r.index}": r.sent for r in recording.records}
     done = [e for e in log if e["status"] == 200 and not e["aborted"] and e["chunk_times"]]
-    return {
-        "ttft": [e["chunk_times"][0] - e["received"] for e in done],
-        "itl": [b - a for e in done for a, b in itertools.pairwise(e["chunk_times"])],
-        "e2e": [e["end"] - e["received"] for e in done],
-    }
+    out: dict[str, list[float]] = {"ttft": [], "itl": [], "e2e": [], "transit": []}
+    for e in done:
+        start = sent[e["request_id"]]
+        assert start is not None
+        out["ttft"].append(e["chunk_times"][0] - start)
+        out["itl"] += [b - a for a, b in itertools.pairwise(e["chunk_times"])]
+        out["e2e"].append(e["end"] - start)
+        out["transit"].append(e["received"] - start)
+    return out
 
 
 def quantiles(summary: Summary | None) -> list[float]:
@@ -74,14 +87,17 @@ def quantiles(summary: Summary | None) -> list[float]:
 
 
 def differences(stats: LevelStats, true: dict[str, list[float]]) -> dict[str, str]:
-    """Metrics (TTFT, ITL, E2E from send) with a percentile more than 1 ms from the truth's,
-    each with its reported/true percentiles in ms."""
+    """Metrics (TTFT, ITL, E2E from send) with a percentile (P50 to P99.9) more than 1 ms
+    from the truth's, each with its reported/true percentiles and maxima in ms. The maximum
+    is shown, not held to the tolerance: it is one request, and one late wake-up of the
+    client by a busy machine decides it."""
     bad = {}
     labels = [f"p{p:g}" for p in PERCENTILES] + ["max"]
     for name in ("ttft", "itl", "e2e"):
         reported = quantiles(getattr(stats.from_send, name))
         expected = quantiles(Summary.of(true[name]))
-        if max(abs(a - b) for a, b in zip(reported, expected, strict=True)) > TOLERANCE_S:
+        pairs = zip(reported[:-1], expected[:-1], strict=True)
+        if max(abs(a - b) for a, b in pairs) > TOLERANCE_S:
             bad[name] = ", ".join(
                 f"{lab} {a * 1e3:.3f}/{b * 1e3:.3f}"
                 for lab, a, b in zip(labels, reported, expected, strict=True)
@@ -101,21 +117,25 @@ def server_lateness_p99(log: list[dict[str, Any]], config: Config) -> float:
 def accurate_level(
     server: FakeServerProcess, make: Callable[[], LevelRecording], attempts: int = 3
 ) -> tuple[LevelStats, dict[str, list[float]]]:
-    """Run the level until its percentiles are within 1 ms of the server's, at most
+    """Run the level until its percentiles are within 1 ms of the truth, at most
     ``attempts`` times; fail with every attempt's differences.
 
-    The difference left is the time the operating system takes to wake the server when a
-    request arrives and the client when a chunk arrives. On an idle machine it is tens of
-    microseconds; on two cores shared with other work, one wake-up in a few hundred can
-    take milliseconds, and a P99.9 of 150 requests is that one request. A client that
-    misreads time (a late send stamp, chunks stamped when read in bulk) is off on every
-    attempt; a noisy minute is not.
+    What is left between the two is the time the operating system takes to wake the client
+    when a chunk arrives: tens of microseconds on an idle machine, but on two cores shared
+    with other work one wake-up in a few hundred can take milliseconds, and the maximum of
+    300 requests is that one. A client that misreads time (a send stamped before the
+    request is written, chunks stamped when read in bulk) is off on every attempt; a noisy
+    minute is not.
     """
     failures = []
     for attempt in range(1, attempts + 1):
-        stats = summarize(make())
+        recording = make()
+        stats = summarize(recording)
         log = server.take_log()
-        true = truth(log)
+        true = truth(log, recording)
+        # The send stamp precedes the server's arrival, and closely.
+        assert min(true["transit"]) >= 0
+        assert statistics.median(true["transit"]) < 0.0005
         bad = differences(stats, true)
         if not bad:
             return stats, true
@@ -144,10 +164,10 @@ def test_reported_percentiles_are_within_a_millisecond_of_the_servers_timings(
     fake_server: ServerFactory, config: Config
 ) -> None:
     server = fake_server(config)
-    schedule = arrivals.poisson(30.0, random.Random(7), count=150)
-    stats, true = accurate_level(server, lambda: run_level(server, schedule, load=Load(30.0)))
+    schedule = arrivals.poisson(60.0, random.Random(7), count=300)
+    stats, true = accurate_level(server, lambda: run_level(server, schedule, load=Load(60.0)))
     assert stats.errors_by_kind == {}
-    assert len(true["ttft"]) == stats.completed == 150
+    assert len(true["ttft"]) == stats.completed == 300
     # The injected delays are what the server did (a fake with sloppy timers would make
     # this test meaningless): a fixed TTFT of 30 ms is 30 ms, give or take a wake-up.
     if config.ttft.kind == "fixed":
@@ -158,12 +178,11 @@ def test_reported_percentiles_are_within_a_millisecond_of_the_servers_timings(
 
 def test_chat_streams_are_measured_like_completions(fake_server: ServerFactory) -> None:
     server = fake_server(Config(ttft=Delay(value=0.02), itl=Delay(value=0.005)))
-    schedule = arrivals.constant(30.0, count=100)
+    schedule = arrivals.poisson(60.0, random.Random(8), count=300)
     stats, _ = accurate_level(
-        server,
-        lambda: run_level(server, schedule, load=Load(30.0), api="chat", n_plans=100),
+        server, lambda: run_level(server, schedule, load=Load(60.0), api="chat")
     )
-    assert stats.completed == 100
+    assert stats.completed == 300
 
 
 def test_tokens_come_from_usage_when_chunks_carry_several(fake_server: ServerFactory) -> None:
@@ -198,7 +217,7 @@ def test_a_client_capped_in_flight_is_reported_saturated_and_its_queueing_shows(
     assert send is not None and sched is not None and stats.schedule_lag is not None
     # From the send, TTFT is the server's 50 ms; from the schedule, the last requests
     # waited ~0.8 s in the client (40 at 25/s take 1.6 s, scheduled over 0.8 s).
-    assert send.p99 == pytest.approx(0.05, abs=0.003)
+    assert send.p50 == pytest.approx(0.05, abs=0.002)
     assert sched.max > 0.6
     assert stats.schedule_lag.max == pytest.approx(sched.max - send.max, abs=0.05)
 
