@@ -38,7 +38,9 @@ RELEASE = "vllm-op"
 RELEASE_NAMESPACE = "vllm-operator-system"
 SERVICE_ACCOUNT = f"{RELEASE}-vllm-operator"
 # Every default port of e2e/cluster plus this offset: beside the shared cluster.
-PORT_OFFSET = int(os.environ.get("VLLM_OP_HELM_PORT_OFFSET", "10000"))
+# +5000 keeps every port below 32768, out of Linux's ephemeral range (32768-60999), where
+# an outgoing connection may hold the port at the moment etcd wants to bind it.
+PORT_OFFSET = int(os.environ.get("VLLM_OP_HELM_PORT_OFFSET", "5000"))
 
 
 # --------------------------------------------------------------------------- kubeconfig
