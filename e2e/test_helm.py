@@ -287,15 +287,28 @@ def test_a_gitops_apply_shows_no_diff_after_the_operator_converged(
 
 
 def _lock(namespace: str, target: str) -> dict[str, Any]:
+    """A benchmark's load Job as the lock: suspended, so it never finishes on its own."""
     return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
+        "apiVersion": "batch/v1",
+        "kind": "Job",
         "metadata": {
             "name": f"bench-{target}-lock",
             "namespace": namespace,
-            "labels": {f"{GROUP}/scale-down-lock": "true"},
+            "labels": {
+                f"{GROUP}/scale-down-lock": "true",
+                f"{GROUP}/lock-target": target,
+                f"{GROUP}/inference-benchmark": "bench",
+            },
         },
-        "data": {"inferenceService": target, "benchmark": "bench"},
+        "spec": {
+            "suspend": True,
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [{"name": "load", "image": "vllm-operator:test"}],
+                }
+            },
+        },
     }
 
 
@@ -334,7 +347,7 @@ def test_the_scale_down_lock_refuses_lower_replicas_on_every_path(
     cluster.apply(_isvc("other", replicas=2), namespace=namespace)
     cluster.kubectl("scale", "isvc", "other", "--replicas=1", "-n", namespace)
     # The lock gone (its owner deleted, garbage collection), scale-down works again.
-    cluster.kubectl("delete", "configmap", "bench-chat-lock", "-n", namespace)
+    cluster.kubectl("delete", "job", "bench-chat-lock", "-n", namespace)
     cluster.kubectl("scale", "isvc", "chat", "--replicas=1", "-n", namespace)
     _wait(
         lambda: (

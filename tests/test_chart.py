@@ -415,6 +415,8 @@ def test_the_scale_down_lock_policy_covers_both_objects_and_their_scale() -> Non
         "inferenceservices",
         "inferenceservices/scale",
     }
+    # The lock is the benchmark's load Job (a ConfigMap paramKind was never found).
+    assert policy["spec"]["paramKind"] == {"apiVersion": "batch/v1", "kind": "Job"}
     binding = one(docs, "ValidatingAdmissionPolicyBinding")
     assert binding["spec"]["policyName"] == policy["metadata"]["name"]
     assert binding["spec"]["paramRef"]["parameterNotFoundAction"] == "Allow"

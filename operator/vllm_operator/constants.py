@@ -46,7 +46,9 @@ NODE_LABEL_GPU_INTERCONNECT: Final = f"{GROUP}/gpu-interconnect"
 # Extended resource a GPU pod requests.
 GPU_RESOURCE: Final = "nvidia.com/gpu"
 
-# The scale-down lock: a ConfigMap naming the InferenceService under benchmark. The chart's
-# ValidatingAdmissionPolicy refuses replica decreases of the named InferenceService and
-# Deployment while one exists; the operator itself never lowers replicas then either.
+# The scale-down lock: the load Job of a running InferenceBenchmark carries these labels.
+# The chart's ValidatingAdmissionPolicy refuses replica decreases of the named
+# InferenceService and its Deployment while such a Job has not finished; the operator
+# itself never lowers replicas then either.
 LABEL_SCALE_DOWN_LOCK: Final = f"{GROUP}/scale-down-lock"
+LABEL_LOCK_TARGET: Final = f"{GROUP}/lock-target"

@@ -102,10 +102,9 @@ async def test_a_ready_target_gets_the_load_job_and_the_lock() -> None:
     job = api.objects[("batch/v1", "Job", "team-a", "load-load")]
     args = job["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--endpoint") + 1] == "http://chat.team-a.svc:8000"
-    lock = api.objects[("v1", "ConfigMap", "team-a", "load-lock")]
-    assert lock["data"] == {"inferenceService": "chat", "benchmark": "load"}
-    assert lock["metadata"]["labels"]["inference.vllm-operator.dev/scale-down-lock"] == "true"
-    assert lock["metadata"]["ownerReferences"][0]["kind"] == "Job"
+    labels = job["metadata"]["labels"]
+    assert labels["inference.vllm-operator.dev/scale-down-lock"] == "true"
+    assert labels["inference.vllm-operator.dev/lock-target"] == "chat"
     assert _phase(api) == ("Running", "LoadRunning")
 
 
@@ -119,7 +118,6 @@ async def test_a_finished_job_gives_the_results_and_releases_the_lock() -> None:
     assert await _run(api) == "Succeeded"
     status = api.objects[KEY]["status"]
     assert status["headline"]["requests"] == 60 and status["completionTime"]
-    assert ("delete", "ConfigMap", "load-lock") in api.calls
 
 
 async def test_a_job_gone_while_running_is_reported_as_lost_results() -> None:
@@ -155,21 +153,51 @@ async def test_the_operator_never_lowers_replicas_under_a_lock() -> None:
             "spec": {"replicas": 3},
         }
     )
-    api.put(
-        {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {
-                "name": "load-lock",
-                "namespace": "team-a",
-                "labels": {"inference.vllm-operator.dev/scale-down-lock": "true"},
+    lock_job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": "load-load",
+            "namespace": "team-a",
+            "labels": {
+                "inference.vllm-operator.dev/scale-down-lock": "true",
+                "inference.vllm-operator.dev/lock-target": "chat",
+                "inference.vllm-operator.dev/inference-benchmark": "load",
             },
-            "data": {"inferenceService": "chat", "benchmark": "load"},
-        }
-    )
+        },
+        "status": {"active": 1},
+    }
+    api.put(lock_job)
     await reconcile_inference_service(api, body, settings=SETTINGS, now=NOW)
     dep = api.objects[("apps/v1", "Deployment", "team-a", "chat")]
     assert dep["spec"]["replicas"] == 3, "held at the running count, not lowered to 1"
     status = api.objects[(BASE["apiVersion"], "InferenceService", "team-a", "chat")]["status"]
     blocked = next(c for c in status["conditions"] if c["type"] == "ScaleDownBlocked")
     assert blocked["status"] == "True" and "load" in blocked["message"]
+
+
+async def test_a_finished_load_job_holds_no_lock() -> None:
+    from vllm_operator.models import InferenceService
+    from vllm_operator.reconcile.benchmark import active_lock
+
+    api = RecordingCluster()
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": "load-load",
+            "namespace": "team-a",
+            "labels": {
+                "inference.vllm-operator.dev/scale-down-lock": "true",
+                "inference.vllm-operator.dev/lock-target": "chat",
+                "inference.vllm-operator.dev/inference-benchmark": "load",
+            },
+        },
+        "status": {"active": 1},
+    }
+    api.put(job)
+    isvc = InferenceService.model_validate(BASE)
+    assert await active_lock(api, isvc) == "load"
+    job["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
+    api.put(job)
+    assert await active_lock(api, isvc) is None

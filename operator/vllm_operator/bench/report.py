@@ -226,23 +226,19 @@ def write_outputs(
 
 _COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#17becf", "#7f7f7f")
 _W, _H = 720, 340
-_ML, _MR, _MT, _MB = 64, 150, 24, 48
+_ML, _MR, _MT, _MB = 64, 150, 32, 48
 
 
 def _nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
+    """About ``n`` round tick values covering [lo, hi] (the last one at or above hi)."""
     if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= lo:
         hi = lo + 1
     raw = (hi - lo) / n
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
-    first = math.floor(lo / step) * step
-    ticks = []
-    t = first
-    while t <= hi + step * 1e-9:
-        if t >= lo - step * 1e-9:
-            ticks.append(round(t, 12))
-        t += step
-    return ticks
+    first = math.floor(lo / step + 1e-9)
+    last = math.ceil(hi / step - 1e-9)
+    return [round(k * step, 12) for k in range(first, last + 1)]
 
 
 def _fmt(v: float) -> str:
@@ -264,9 +260,9 @@ class _Plot:
         if yhi <= ylo:
             yhi = ylo + 1
         self.xt = _nice_ticks(xlo, xhi)
-        self.yt = _nice_ticks(ylo, yhi * 1.05)
-        self.x0, self.x1 = min(self.xt[0], xlo), max(self.xt[-1], xhi)
-        self.y0, self.y1 = 0.0, max(self.yt[-1], yhi)
+        self.yt = _nice_ticks(ylo, yhi)
+        self.x0, self.x1 = self.xt[0], self.xt[-1]
+        self.y0, self.y1 = 0.0, self.yt[-1]
         self.title, self.xlabel, self.ylabel = title, xlabel, ylabel
 
     def sx(self, x: float) -> float:
@@ -355,7 +351,7 @@ class _Plot:
 
 def _bar_chart(title: str, groups: Sequence[str], series: dict[str, Sequence[float | None]]) -> str:
     values = [v for vs in series.values() for v in vs if v is not None]
-    top = _nice_ticks(0, (max(values) if values else 1) * 1.05)
+    top = _nice_ticks(0, max(values) if values else 1)
     ymax = top[-1] or 1
     inner_w = _W - _ML - _MR
     gw = inner_w / max(1, len(groups))

@@ -22,7 +22,7 @@ from vllm_operator.constants import (
     KIND_INFERENCE_BENCHMARK,
     KIND_INFERENCE_SERVICE,
     LABEL_BENCHMARK,
-    LABEL_SCALE_DOWN_LOCK,
+    LABEL_LOCK_TARGET,
     LABEL_SERVICE,
     LABEL_WARMUP_FOR,
     PLURAL_INFERENCE_BENCHMARK,
@@ -222,16 +222,12 @@ async def inference_benchmark_event(name: str, namespace: str | None, memo: Any,
 
 @kopf.on.event("batch", "v1", "jobs", labels={LABEL_BENCHMARK: kopf.PRESENT})
 async def benchmark_job_event(body: kopf.Body, namespace: str | None, memo: Any, **_: Any) -> None:
-    owner = body.get("metadata", {}).get("labels", {}).get(LABEL_BENCHMARK)
+    labels = body.get("metadata", {}).get("labels", {})
+    owner, target = labels.get(LABEL_BENCHMARK), labels.get(LABEL_LOCK_TARGET)
     if owner and namespace:
         memo.queue.add((BENCH, namespace, owner))
-
-
-@kopf.on.event("", "v1", "configmaps", labels={LABEL_SCALE_DOWN_LOCK: "true"})
-async def lock_event(body: kopf.Body, namespace: str | None, memo: Any, **_: Any) -> None:
-    """A lock coming or going changes what its InferenceService may do."""
-    target = (body.get("data") or {}).get("inferenceService")
     if target and namespace:
+        # The lock coming or going changes what its InferenceService may do.
         memo.queue.add((ISVC, namespace, target))
 
 

@@ -221,13 +221,11 @@ class GPUSpec(ApiModel):
         default="auto",
         description="GPUs per replica: auto (the tuner's choice) or a number from 1 to 16.",
     )
-    products: list[Annotated[str, Field(min_length=1, max_length=63, pattern=LABEL_VALUE)]] = (
-        Field(
-            default_factory=list,
-            max_length=32,
-            description="Allowed GPU products, as the node label nvidia.com/gpu.product spells "
-            "them (NVIDIA-H100-80GB-HBM3); empty: any.",
-        )
+    products: list[Annotated[str, Field(min_length=1, max_length=63, pattern=LABEL_VALUE)]] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Allowed GPU products, as the node label nvidia.com/gpu.product spells "
+        "them (NVIDIA-H100-80GB-HBM3); empty: any.",
     )
 
     model_config = cel_rules(

@@ -16,7 +16,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from vllm_operator.constants import API_VERSION, KIND_INFERENCE_BENCHMARK, KIND_INFERENCE_SERVICE
+from vllm_operator.constants import (
+    API_VERSION,
+    KIND_INFERENCE_BENCHMARK,
+    KIND_INFERENCE_SERVICE,
+    LABEL_BENCHMARK,
+    LABEL_LOCK_TARGET,
+    LABEL_SCALE_DOWN_LOCK,
+)
 from vllm_operator.k8s.api import ClusterAPI, Manifest
 from vllm_operator.models import InferenceBenchmark, InferenceBenchmarkStatus, InferenceService
 from vllm_operator.models.base import Condition
@@ -25,10 +32,8 @@ from vllm_operator.reconcile.conditions import condition
 from vllm_operator.reconcile.warmup import _job_state
 from vllm_operator.render.benchmark import (
     build_load_job,
-    build_lock,
     build_spec_config_map,
     load_job_name,
-    lock_name,
 )
 from vllm_operator.render.deployment import served_model_name
 from vllm_operator.render.service import endpoint_url
@@ -127,8 +132,6 @@ async def reconcile_inference_benchmark(
         )
 
     if old.phase in TERMINAL:
-        # Released already, but a lock left by a crash between the two writes goes now.
-        await api.delete("v1", "ConfigMap", lock_name(bench), ns)
         return old.phase
 
     job = await api.get("batch/v1", "Job", load_job_name(bench), ns)
@@ -192,7 +195,6 @@ async def reconcile_inference_benchmark(
         )
     state = _job_state(job)
     if state == "Running":
-        await api.apply(build_lock(bench, job))
         await _write(
             api,
             body,
@@ -207,7 +209,6 @@ async def reconcile_inference_benchmark(
         )
         return "Running"
     report = await _report(api, ns, job["metadata"]["name"]) or {}
-    await api.delete("v1", "ConfigMap", lock_name(bench), ns)
     if state == "Succeeded" and "headline" in report:
         measured = InferenceBenchmarkStatus.model_validate(
             {k: v for k, v in report.items() if k in ("levels", "headline", "kneeRatePerSecond")}
@@ -245,19 +246,18 @@ async def reconcile_inference_benchmark(
 
 
 async def active_lock(api: ClusterAPI, isvc: InferenceService) -> str | None:
-    """The benchmark holding a scale-down lock on ``isvc``, if any."""
-    locks = await api.list(
-        "v1",
-        "ConfigMap",
+    """The benchmark whose unfinished load Job holds a scale-down lock on ``isvc``."""
+    jobs = await api.list(
+        "batch/v1",
+        "Job",
         isvc.metadata.namespace,
-        label_selector="inference.vllm-operator.dev/scale-down-lock=true",
+        label_selector=f"{LABEL_SCALE_DOWN_LOCK}=true,{LABEL_LOCK_TARGET}={isvc.metadata.name}",
     )
-    for lock in locks:
-        data = lock.get("data") or {}
-        if data.get("inferenceService") == isvc.metadata.name and not lock["metadata"].get(
-            "deletionTimestamp"
-        ):
-            return str(data.get("benchmark") or lock["metadata"]["name"])
+    for job in jobs:
+        if job["metadata"].get("deletionTimestamp") or _job_state(job) != "Running":
+            continue
+        labels = job["metadata"].get("labels") or {}
+        return str(labels.get(LABEL_BENCHMARK) or job["metadata"]["name"])
     return None
 
 

@@ -1,10 +1,10 @@
-"""The children of an InferenceBenchmark: its spec as a file, the load Job, and the lock.
+"""The children of an InferenceBenchmark: its spec as a file, and the load Job.
 
-The load Job runs ``vllm-operator bench`` against the target's Service. The scale-down
-lock is a ConfigMap owned by that Job (not by the benchmark): the Job is deleted a short
-while after it finishes (``ttlSecondsAfterFinished``, by the TTL controller) and garbage
-collection then removes the lock, so the lock goes away by itself when the run ends, even
-while the operator is down. Deleting the benchmark deletes the Job and so the lock too.
+The load Job runs ``vllm-operator bench`` against the target's Service, and it is also
+the scale-down lock: its labels name the target, and the lock holds while the Job has not
+finished (the chart's admission policy and the operator both read it so). The lock thus
+goes away by itself the moment the load stops, even while the operator is down; deleting
+the benchmark deletes the Job, and the lock with it.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from vllm_operator.constants import (
     LABEL_BENCHMARK,
     LABEL_COMPONENT,
     LABEL_INSTANCE,
+    LABEL_LOCK_TARGET,
     LABEL_MANAGED_BY,
     LABEL_NAME,
     LABEL_SCALE_DOWN_LOCK,
@@ -26,8 +27,8 @@ from vllm_operator.models import InferenceBenchmark
 from vllm_operator.render.meta import Manifest
 
 SPEC_MOUNT: Final = "/etc/vllm-operator/benchmark"
-# How long a finished load Job (and with it the lock) stays for the operator to collect
-# its results; after that the TTL controller deletes it.
+# How long a finished load Job stays for the operator to collect its results; after that
+# the TTL controller deletes it.
 JOB_TTL_SECONDS: Final = 60
 
 
@@ -37,10 +38,6 @@ def spec_config_map_name(bench: InferenceBenchmark) -> str:
 
 def load_job_name(bench: InferenceBenchmark) -> str:
     return f"{bench.metadata.name[:50]}-load"
-
-
-def lock_name(bench: InferenceBenchmark) -> str:
-    return f"{bench.metadata.name[:50]}-lock"
 
 
 def _labels(bench: InferenceBenchmark, component: str) -> dict[str, str]:
@@ -122,13 +119,14 @@ def build_load_job(bench: InferenceBenchmark, *, image: str, endpoint: str, mode
         },
     }
     labels = _labels(bench, "benchmark-load")
+    lock = {LABEL_SCALE_DOWN_LOCK: "true", LABEL_LOCK_TARGET: bench.spec.target_ref.name}
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {
             "name": load_job_name(bench),
             "namespace": bench.metadata.namespace,
-            "labels": labels,
+            "labels": {**labels, **lock},
             "ownerReferences": _owned_by_benchmark(bench),
         },
         "spec": {
@@ -149,33 +147,5 @@ def build_load_job(bench: InferenceBenchmark, *, image: str, endpoint: str, mode
                     ],
                 },
             },
-        },
-    }
-
-
-def build_lock(bench: InferenceBenchmark, job: Manifest) -> Manifest:
-    """The scale-down lock on the target, owned by the load Job (see the module doc)."""
-    meta = job["metadata"]
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {
-            "name": lock_name(bench),
-            "namespace": bench.metadata.namespace,
-            "labels": {**_labels(bench, "scale-down-lock"), LABEL_SCALE_DOWN_LOCK: "true"},
-            "ownerReferences": [
-                {
-                    "apiVersion": "batch/v1",
-                    "kind": "Job",
-                    "name": meta["name"],
-                    "uid": meta["uid"],
-                    "controller": True,
-                    "blockOwnerDeletion": True,
-                }
-            ],
-        },
-        "data": {
-            "inferenceService": bench.spec.target_ref.name,
-            "benchmark": bench.metadata.name,
         },
     }
