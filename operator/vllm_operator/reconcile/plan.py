@@ -22,9 +22,8 @@ from vllm_operator.tuning import (
     GPUProfile,
     Plan,
     SpecOnly,
+    node_profile,
     plan_service,
-    profile_from_gpu_node,
-    profile_from_labels,
     spec_only,
 )
 
@@ -60,22 +59,18 @@ def gpu_profiles(nodes: list[Manifest], gpu_nodes: list[Manifest]) -> list[GPUPr
     statuses: dict[str, GPUNodeStatus] = {}
     for gn in gpu_nodes:
         try:
-            status = GPUNodeStatus.model_validate(gn.get("status") or {})
+            statuses[gn["metadata"]["name"]] = GPUNodeStatus.model_validate(gn.get("status") or {})
         except ValidationError:
-            continue
-        if status.gpus:
-            statuses[gn["metadata"]["name"]] = status
-    profiles: list[GPUProfile] = []
-    for node in nodes:
-        name = node["metadata"]["name"]
-        profile = (
-            profile_from_gpu_node(statuses[name], node=name)
-            if name in statuses
-            else profile_from_labels(node["metadata"].get("labels", {}), node=name)
+            continue  # an unreadable status: fall back to the node's labels
+    profiles = (
+        node_profile(
+            n["metadata"].get("labels", {}),
+            statuses.get(n["metadata"]["name"]),
+            node=n["metadata"]["name"],
         )
-        if profile is not None:
-            profiles.append(profile)
-    return profiles
+        for n in nodes
+    )
+    return [p for p in profiles if p is not None]
 
 
 def _spec_pod(isvc: InferenceService) -> PlannedPod:

@@ -24,7 +24,7 @@ from vllm_operator.constants import (
     LABEL_SCALE_DOWN_LOCK,
 )
 from vllm_operator.models import InferenceBenchmark
-from vllm_operator.render.meta import Manifest
+from vllm_operator.render.meta import Manifest, restricted_security_context
 
 SPEC_MOUNT: Final = "/etc/vllm-operator/benchmark"
 # How long a finished load Job stays for the operator to collect its results; after that
@@ -109,14 +109,7 @@ def build_load_job(bench: InferenceBenchmark, *, image: str, endpoint: str, mode
         ],
         "resources": {"requests": {"cpu": "1", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
         "terminationMessagePolicy": "File",
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": 65532,
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": restricted_security_context(),
     }
     labels = _labels(bench, "benchmark-load")
     lock = {LABEL_SCALE_DOWN_LOCK: "true", LABEL_LOCK_TARGET: bench.spec.target_ref.name}

@@ -80,3 +80,16 @@ def child_metadata(isvc: InferenceService, name: str, component: str) -> Manifes
         "labels": common_labels(isvc, component),
         "ownerReferences": [owner_reference(isvc)],
     }
+
+
+def restricted_security_context() -> Manifest:
+    """A container security context that passes Pod Security "restricted": the operator's
+    own Jobs (warmup, benchmark load) run with it."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": 65532,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }

@@ -22,7 +22,7 @@ from vllm_operator.constants import (
 from vllm_operator.models import InferenceService
 from vllm_operator.models.inference_service import EffectiveTuning
 from vllm_operator.render.deployment import served_model_name
-from vllm_operator.render.meta import SERVER_PORT, Manifest
+from vllm_operator.render.meta import SERVER_PORT, Manifest, restricted_security_context
 
 ANNOTATION_POD: Final = f"{PREFIX}/warmup-pod"
 ANNOTATION_RESTARTS: Final = f"{PREFIX}/warmup-restarts"
@@ -96,14 +96,7 @@ def build_warmup_job(
             "limits": {"memory": "512Mi"},
         },
         "terminationMessagePolicy": "File",
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": 65532,
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": restricted_security_context(),
     }
     return {
         "apiVersion": "batch/v1",
