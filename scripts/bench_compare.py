@@ -373,6 +373,164 @@ def report(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# --- micro-benchmarks behind two design choices of the client ---------------------------
+
+
+def timer_lateness(precise: bool, n: int = 2000, interval: float = 0.005) -> dict[str, float]:
+    """How late asyncio timers fire (ms): the default loop (epoll, 1 ms resolution,
+    rounded up) against the loop of vllm_operator.bench.timing."""
+    import asyncio
+
+    from vllm_operator.bench import timing
+
+    async def measure() -> list[float]:
+        loop = asyncio.get_running_loop()
+        late = []
+        t0 = loop.time() + 0.01
+        for i in range(n):
+            due = t0 + i * interval
+            fut = loop.create_future()
+            loop.call_at(due, fut.set_result, None)
+            await fut
+            late.append(time.monotonic() - due)
+        return late
+
+    late = timing.run(measure()) if precise else asyncio.run(measure())
+    return _ms_quantiles(late)
+
+
+def http_library_rates(url: str, n: int = 1000) -> dict[str, dict[int, float]]:
+    """Streamed requests per second through httpx and aiohttp (one process, one loop) at a
+    few concurrencies, against the fast fake server."""
+    import asyncio
+
+    import aiohttp
+    import httpx
+
+    body = {
+        "model": "fake-model", "prompt": "w " * PROMPT_TOKENS, "max_tokens": OUTPUT_TOKENS,
+        "stream": True, "stream_options": {"include_usage": True},
+    }  # fmt: skip
+
+    async def with_httpx(concurrency: int) -> float:
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+        async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60) as client:
+            slots = asyncio.Semaphore(concurrency)
+
+            async def one() -> None:
+                async with slots, client.stream("POST", "/v1/completions", json=body) as r:
+                    async for _ in r.aiter_raw():
+                        pass
+
+            t = time.perf_counter()
+            await asyncio.gather(*(one() for _ in range(n)))
+            return n / (time.perf_counter() - t)
+
+    async def with_aiohttp(concurrency: int) -> float:
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(url, connector=connector) as session:
+            slots = asyncio.Semaphore(concurrency)
+
+            async def one() -> None:
+                async with slots, session.post("/v1/completions", json=body) as r:
+                    async for _ in r.content.iter_any():
+                        pass
+
+            t = time.perf_counter()
+            await asyncio.gather(*(one() for _ in range(n)))
+            return n / (time.perf_counter() - t)
+
+    async def with_ours(concurrency: int) -> float:
+        from vllm_operator.bench.arrivals import ClosedLoop
+        from vllm_operator.bench.client import Deadlines, LoadClient, Target
+        from vllm_operator.bench.records import Load
+        from vllm_operator.bench.workload import RequestPlan
+
+        plans = [RequestPlan(0, PROMPT_TOKENS, OUTPUT_TOKENS, prompt=body["prompt"])]
+        async with LoadClient(Target(url, "fake-model")) as client:
+            t = time.perf_counter()
+            await client.run_level(
+                Load(concurrency=concurrency),
+                ClosedLoop(concurrency, count=n),
+                plans,
+                Deadlines(),
+            )
+            # run_level waits START_DELAY_S before the first request.
+            from vllm_operator.bench.client import START_DELAY_S
+
+            return n / (time.perf_counter() - t - START_DELAY_S)
+
+    from vllm_operator.bench import timing
+
+    out: dict[str, dict[int, float]] = {"httpx": {}, "aiohttp": {}, "vllm-operator": {}}
+    for concurrency in (1, 4, 64):
+        out["httpx"][concurrency] = asyncio.run(with_httpx(concurrency))
+        out["aiohttp"][concurrency] = asyncio.run(with_aiohttp(concurrency))
+        out["vllm-operator"][concurrency] = timing.run(with_ours(concurrency))
+    return out
+
+
+def _ms_quantiles(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+
+    def pct(p: float) -> float:
+        return ordered[min(len(ordered) - 1, round((len(ordered) - 1) * p / 100))] * 1e3
+
+    return {"p50": pct(50), "p99": pct(99), "max": ordered[-1] * 1e3}
+
+
+def micro_report(data: dict[str, Any]) -> str:
+    t = data["timers"]
+    h = data["http"]
+    lines = [
+        "## Micro-benchmarks behind the client's design",
+        "",
+        f"Load average (1 min) at the start: {data['load_average']}.",
+        "",
+        "Timer lateness, 2,000 timers 5 ms apart on an otherwise idle loop (ms):",
+        "",
+        "| loop | P50 | P99 | max |",
+        "|---|---:|---:|---:|",
+        "| asyncio default (epoll, 1 ms resolution, rounded up) "
+        f"| {t['default']['p50']:.3f} | {t['default']['p99']:.3f} | {t['default']['max']:.3f} |",
+        "| vllm_operator.bench.timing (select on the epoll fd, µs resolution) "
+        f"| {t['precise']['p50']:.3f} | {t['precise']['p99']:.3f} | {t['precise']['max']:.3f} |",
+        "",
+        f"Streamed requests per second through one event loop ({OUTPUT_TOKENS} tokens each, "
+        "fast fake server):",
+        "",
+        "| client | concurrency 1 | concurrency 4 | concurrency 64 |",
+        "|---|---:|---:|---:|",
+    ]
+    names = {
+        "httpx": "httpx",
+        "aiohttp": "aiohttp",
+        "vllm-operator": "vllm_operator.bench.client (asyncio protocol + httptools)",
+    }
+    for lib, label in names.items():
+        r = h[lib]
+        lines.append(f"| {label} | {r['1']:.0f} | {r['4']:.0f} | {r['64']:.0f} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def run_micro() -> dict[str, Any]:
+    data: dict[str, Any] = {"load_average": round(os.getloadavg()[0], 2)}
+    data["timers"] = {"default": timer_lateness(False), "precise": timer_lateness(True)}
+    with FakeServerProcess(Config()) as server:
+        rates = http_library_rates(server.url)
+    data["http"] = {lib: {str(k): v for k, v in r.items()} for lib, r in rates.items()}
+    return data
+
+
+def _replace_section(path: Path, heading: str, section: str) -> None:
+    """Put ``section`` in place of the part of ``path`` from ``heading`` on (or append it)."""
+    old = path.read_text() if path.is_file() else ""
+    head = old[: old.find(heading)] if heading in old else old
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(head.rstrip("\n") + ("\n\n" if head else "") + section)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -391,7 +549,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokenizer", default=None, help="tokenizer folder for vLLM/GuideLLM")
     parser.add_argument("--only", action="append", help="run only this client (repeatable)")
     parser.add_argument("--report", type=Path, help="write the markdown report here")
+    parser.add_argument(
+        "--micro",
+        action="store_true",
+        help="only the micro-benchmarks (timer lateness, httpx vs aiohttp); with --report, "
+        "their section replaces the one in the report",
+    )
     args = parser.parse_args(argv)
+    if args.micro:
+        data = run_micro()
+        text = micro_report(data)
+        print(text)
+        if args.report:
+            _replace_section(args.report, "## Micro-benchmarks", text)
+            raw = args.report.with_suffix(".json")
+            merged = json.loads(raw.read_text()) if raw.is_file() else {}
+            merged["micro"] = data
+            raw.write_text(json.dumps(merged, indent=1) + "\n")
+        return 0
 
     from e2e.vllm_server import find_vllm_python, tiny_model
 
@@ -481,8 +656,15 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.report:
         args.report.parent.mkdir(parents=True, exist_ok=True)
-        args.report.write_text(text)
-        args.report.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
+        # Keep a micro-benchmark section written earlier (--micro).
+        old = args.report.read_text() if args.report.is_file() else ""
+        keep = old[old.find("## Micro-benchmarks") :] if "## Micro-benchmarks" in old else ""
+        args.report.write_text(text + ("\n" + keep if keep else ""))
+        raw = args.report.with_suffix(".json")
+        previous = json.loads(raw.read_text()) if raw.is_file() else {}
+        if "micro" in previous:
+            results["micro"] = previous["micro"]
+        raw.write_text(json.dumps(results, indent=1) + "\n")
         print(f"Wrote {args.report} and {args.report.with_suffix('.json')}")
     return 0
 

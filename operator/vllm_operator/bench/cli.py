@@ -399,6 +399,7 @@ def _redraw(path: Path, out_dir: Path, console: Console) -> int:
 
 def _run(args: argparse.Namespace, console: Console) -> int:
     from vllm_operator.bench import timing
+    from vllm_operator.bench.client import raise_open_file_limit
     from vllm_operator.bench.report import ConsoleReporter, print_summary, write_outputs
     from vllm_operator.bench.result import passed, to_status
     from vllm_operator.bench.run import (
@@ -452,6 +453,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         ignore_eos=not args.allow_eos,
         headers=headers,
     )
+    raise_open_file_limit()
     reporter = ConsoleReporter(console, progress=not args.no_progress)
     try:
         result = timing.run(

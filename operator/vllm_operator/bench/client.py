@@ -4,29 +4,42 @@ How it avoids the mistakes of other benchmark clients (PRODUCT.md, "Lessons from
 anchors"):
 
 - **Absolute send times.** Each request is due at ``start + offset`` on the monotonic clock
-  and is started by a timer for that instant (``loop.call_at``), never by sleeping for a
-  relative gap, so lateness does not accumulate. The loop's timers have microsecond
-  resolution (:mod:`vllm_operator.bench.timing`).
-- **Schedule lag is recorded.** Each record keeps the scheduled instant and the instant
-  the request was actually handed to the HTTP client; the difference is the client's own
-  lag, and latency is reported from both instants. If the client falls behind (CPU-bound,
-  or its in-flight cap is reached), latency from the scheduled time shows the queueing
-  that latency from the send time hides.
+  and is written by a timer callback for that instant (``loop.call_at``), never after
+  sleeping for a relative gap, so lateness does not accumulate. The loop's timers have
+  microsecond resolution (:mod:`vllm_operator.bench.timing`).
+- **Schedule lag is recorded.** Each record keeps the scheduled instant and the instant the
+  request was written to its connection; the difference is the client's own lag, and
+  latency is reported from both instants. If the client falls behind (CPU-bound, or its
+  in-flight cap is reached), latency from the scheduled time shows the queueing that
+  latency from the send time hides.
 - **Tokens from usage.** Every streaming request asks for ``stream_options.include_usage``
   and takes its token counts from the final usage chunk.
 - **Deadlines are hard.** A request that has not produced its first token by
   ``scheduled + TTFT SLO``, or not finished by ``scheduled + E2E SLO`` or by
-  ``first token + TPOT SLO x (output tokens - 1)``, is abandoned (its connection closed) and
-  recorded as a failure of that kind.
+  ``first token + TPOT SLO x (output tokens - 1)``, is abandoned (its connection closed)
+  and recorded as a failure of that kind.
 
-HTTP goes through aiohttp, not httpx: on this project's two-core machines httpx (pure-Python
-HTTP/1.1 and pool) streamed 170-950 requests/s against a local server where aiohttp, with
-its C parser, streamed 3,000-4,700 (see docs/benchmarks/). A load generator that spends its
-CPU on HTTP plumbing saturates before the server does.
+**HTTP is hand-written on asyncio's protocol layer, with httptools (the C HTTP parser of
+uvicorn) for responses.** A general-purpose client costs too much per request for a load
+generator on a small machine, and hides when a request really leaves: measured on the
+project's two-core machine against a local server (docs/benchmarks/), httpx streamed
+170-950 requests/s and aiohttp 3,000-4,700 through one event loop, and with aiohttp the
+client still used ~0.26 ms of CPU per request, wrote each request body from a separate task
+one or two loop iterations after the send was due (Python 3.11), and woke a task for every
+chunk. Here:
 
-The hot path does little: request bodies are serialised before the level starts, a
-stream's bytes are split on event boundaries and each event decoded once, and one clock
-reading stamps all events that arrived together.
+- a due request is written to an idle keep-alive connection *inside the timer callback*,
+  and the send instant is stamped there;
+- each read from a socket is stamped once, when it arrives (``data_received``), and parsed
+  in place: no task wakes up per chunk, and chunks that arrived together share their
+  arrival instant;
+- no task exists per request at all: a request is a small state object driven by parser
+  callbacks, a deadline timer and a future for whoever waits on it.
+
+The HTTP handled is what OpenAI-compatible servers speak: HTTP/1.1 requests with a
+``Content-Length`` body, responses with ``Content-Length`` or chunked bodies, keep-alive,
+``https`` through the standard ``ssl`` module. No proxies, redirects or compression (none
+is asked for).
 """
 
 from __future__ import annotations
@@ -36,14 +49,15 @@ import contextlib
 import gc
 import json
 import resource
+import ssl
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
-import aiohttp
-from yarl import URL
+import httptools
 
 from vllm_operator.bench import records as kinds
 from vllm_operator.bench.arrivals import ClosedLoop, OpenLoop, Schedule
@@ -57,6 +71,8 @@ Api = Literal["completions", "chat"]
 START_DELAY_S = 0.05
 # Bytes of an error response kept in the record.
 ERROR_DETAIL_BYTES = 300
+# A non-streaming response body larger than this is a protocol error (runaway server).
+MAX_BODY_BYTES = 64 * 2**20
 
 
 @dataclass(frozen=True)
@@ -77,9 +93,14 @@ class Target:
     extra_body: Mapping[str, Any] = field(default_factory=dict)
 
     @property
-    def url(self) -> URL:
-        path = "/v1/chat/completions" if self.api == "chat" else "/v1/completions"
-        return URL(self.endpoint.rstrip("/") + path)
+    def path(self) -> str:
+        prefix = urlsplit(self.endpoint).path.rstrip("/")
+        return prefix + ("/v1/chat/completions" if self.api == "chat" else "/v1/completions")
+
+    @property
+    def url(self) -> str:
+        parts = urlsplit(self.endpoint)
+        return f"{parts.scheme}://{parts.netloc}{self.path}"
 
 
 @dataclass(frozen=True)
@@ -153,8 +174,8 @@ class _Stream:
 
     def _chunk(self, payload: bytes) -> int:
         try:
-            chunk = json.loads(payload)
-        except ValueError:
+            chunk = json.loads(payload.decode())
+        except ValueError:  # UnicodeDecodeError included
             self.error = kinds.PROTOCOL_ERROR
             return 0
         if not isinstance(chunk, dict):
@@ -186,8 +207,318 @@ class _Stream:
         return carried
 
 
+class _Exchange:
+    """One request: its bytes, its record, its deadline, and the parsing of its response.
+
+    Driven by the connection's parser callbacks; ``future`` completes when the record is
+    final (answered, failed or abandoned).
+    """
+
+    __slots__ = (
+        "body", "conn", "deadlines", "first_deadline", "future", "kind", "limit", "on_done",
+        "payload", "rec", "status", "stream", "timer",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        rec: RequestRecord,
+        payload: bytes,
+        deadlines: Deadlines,
+        *,
+        stream: _Stream | None,
+        request_timeout_s: float,
+        loop: asyncio.AbstractEventLoop,
+        on_done: Callable[[_Exchange], None] | None = None,
+    ) -> None:
+        self.rec = rec
+        self.payload = payload
+        self.deadlines = deadlines
+        self.stream = stream
+        self.on_done = on_done
+        self.conn: _Connection | None = None
+        self.status = 0
+        self.body = bytearray()
+        self.future: asyncio.Future[None] = loop.create_future()
+        self.limit = time.monotonic() + request_timeout_s
+        self.timer: asyncio.TimerHandle | None = None
+        self.kind = kinds.TIMEOUT
+        # Deadlines count from the schedule, so they run while waiting for a connection.
+        sched = rec.scheduled
+        self._arm(
+            loop,
+            (self.limit, kinds.TIMEOUT),
+            (None if deadlines.ttft_s is None else sched + deadlines.ttft_s, kinds.TTFT_DEADLINE),
+            (None if deadlines.e2e_s is None else sched + deadlines.e2e_s, kinds.E2E_DEADLINE),
+        )
+
+    @property
+    def finished(self) -> bool:
+        return self.future.done()
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, *candidates: tuple[float | None, str]) -> None:
+        when, kind = min(((t, k) for t, k in candidates if t is not None), key=lambda c: c[0])
+        if self.timer is not None:
+            self.timer.cancel()
+        self.kind = kind
+        self.timer = loop.call_at(when, self._expire)
+
+    def _expire(self) -> None:
+        self.timer = None
+        conn = self.conn
+        self.fail(self.kind)
+        if conn is not None:
+            conn.abort()  # the server sees the request cancelled
+
+    def start(self, conn: _Connection) -> None:
+        """Write the request now, on ``conn`` (idle, connected)."""
+        self.conn = conn
+        conn.exchange = self
+        self.rec.sent = time.monotonic()
+        conn.write(self.payload)
+
+    # -- parser callbacks, via the connection
+
+    def headers_complete(self, status: int) -> None:
+        self.status = self.rec.status = status
+
+    def body_received(self, data: bytes, now: float) -> None:
+        if self.finished:
+            return
+        rec = self.rec
+        if self.status != 200 or self.stream is None:
+            if len(self.body) + len(data) > MAX_BODY_BYTES:
+                self.fail(kinds.PROTOCOL_ERROR, "response body too large", abort=True)
+                return
+            self.body += data
+            return
+        stream = self.stream
+        if stream.feed(data):
+            if rec.first_token is None:
+                rec.first_token = now
+                d = self.deadlines
+                tpot_at = (
+                    now + d.tpot_s * max(0, rec.output_tokens_planned - 1)
+                    if d.tpot_s is not None
+                    else None
+                )
+                e2e_at = rec.scheduled + d.e2e_s if d.e2e_s is not None else None
+                self._arm(
+                    asyncio.get_running_loop(),
+                    (self.limit, kinds.TIMEOUT),
+                    (e2e_at, kinds.E2E_DEADLINE),
+                    (tpot_at, kinds.TPOT_DEADLINE),
+                )
+            rec.chunk_times.append(now)
+        if stream.done and rec.end is None:
+            rec.end = now
+        if stream.error is not None:
+            self.fail(stream.error, abort=True)
+
+    def message_complete(self, now: float) -> None:
+        if self.finished:
+            return
+        rec = self.rec
+        if rec.end is None:
+            rec.end = now
+        if self.status != 200:
+            rec.error = kinds.http_error(self.status)
+            rec.error_detail = bytes(self.body[:ERROR_DETAIL_BYTES]).decode(errors="replace")
+        elif self.stream is not None:
+            usage = self.stream.usage
+            if usage is None:
+                rec.error = kinds.NO_USAGE
+            else:
+                rec.prompt_tokens = _int(usage.get("prompt_tokens"))
+                rec.completion_tokens = _int(usage.get("completion_tokens"))
+        else:
+            try:
+                data = json.loads(bytes(self.body).decode())
+                usage = data.get("usage") if isinstance(data, dict) else None
+            except ValueError:
+                rec.error = kinds.PROTOCOL_ERROR
+            else:
+                if not usage:
+                    rec.error = kinds.NO_USAGE
+                else:
+                    rec.prompt_tokens = _int(usage.get("prompt_tokens"))
+                    rec.completion_tokens = _int(usage.get("completion_tokens"))
+        self._finish()
+
+    def fail(self, kind: str, detail: str | None = None, *, abort: bool = False) -> None:
+        """Record a failure (first one wins) and finish; ``abort`` closes the connection."""
+        if self.finished:
+            return
+        rec = self.rec
+        rec.end = time.monotonic()
+        rec.error = kind
+        if detail:
+            rec.error_detail = detail[:ERROR_DETAIL_BYTES]
+        conn = self.conn
+        self._finish()
+        if abort and conn is not None:
+            conn.abort()
+
+    def _finish(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.conn is not None and self.conn.exchange is self:
+            self.conn.exchange = None
+        self.future.set_result(None)
+        if self.on_done is not None:
+            self.on_done(self)
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection carrying one request at a time."""
+
+    def __init__(self, pool: _Pool) -> None:
+        self.pool = pool
+        self.parser = httptools.HttpResponseParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.exchange: _Exchange | None = None
+        self.closed = False
+        self.now = 0.0
+        # Body pieces of the current read: an SSE stream arrives as one HTTP chunk per
+        # event, and handing them over once per read halves the work per request.
+        self.pieces: list[bytes] = []
+
+    # -- transport
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def write(self, data: bytes) -> None:
+        assert self.transport is not None
+        self.transport.write(data)
+
+    def abort(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.pool.forget(self)
+            if self.transport is not None:
+                self.transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.pool.forget(self)
+        ex = self.exchange
+        if ex is not None:
+            self.exchange = None
+            ex.fail(kinds.CONNECTION_LOST, str(exc) if exc else "server closed the connection")
+
+    def data_received(self, data: bytes) -> None:
+        # One clock reading per read: everything in it arrived at this instant.
+        self.now = time.monotonic()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self.pieces.clear()
+            ex = self.exchange
+            if ex is not None:
+                ex.fail(kinds.PROTOCOL_ERROR, f"{type(exc).__name__}: {exc}")
+            self.abort()
+            return
+        self._flush()
+
+    def _flush(self) -> None:
+        if self.pieces:
+            data = self.pieces[0] if len(self.pieces) == 1 else b"".join(self.pieces)
+            self.pieces.clear()
+            if self.exchange is not None:
+                self.exchange.body_received(data, self.now)
+
+    # -- httptools callbacks
+
+    def on_headers_complete(self) -> None:
+        if self.exchange is not None:
+            self.exchange.headers_complete(self.parser.get_status_code())
+
+    def on_body(self, body: bytes) -> None:
+        self.pieces.append(body)
+
+    def on_message_complete(self) -> None:
+        self._flush()
+        ex = self.exchange
+        keep = self.parser.should_keep_alive() and not self.closed
+        if ex is not None:
+            ex.message_complete(self.now)
+        if keep and self.exchange is None:
+            self.pool.release(self)
+        else:
+            self.abort()
+
+
+class _Pool:
+    """Keep-alive connections to one server; a request takes an idle one or a new one.
+
+    No cap of its own: a hidden pool limit would queue requests where the schedule lag
+    cannot see them. Caps are the level's, explicit (``max_in_flight``).
+    """
+
+    def __init__(self, endpoint: str, connect_timeout_s: float) -> None:
+        parts = urlsplit(endpoint)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"endpoint must be an http(s) URL, got {endpoint!r}")
+        self.host = parts.hostname
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        self.ssl = ssl.create_default_context() if parts.scheme == "https" else None
+        self.netloc = parts.netloc
+        self.connect_timeout_s = connect_timeout_s
+        self.idle: list[_Connection] = []
+        self.all: set[_Connection] = set()
+        self.connecting: set[asyncio.Task[None]] = set()
+
+    def start(self, ex: _Exchange) -> None:
+        """Write ``ex`` now on an idle connection, or as soon as a new one is connected."""
+        while self.idle:
+            conn = self.idle.pop()
+            if not conn.closed:
+                ex.start(conn)
+                return
+        task = asyncio.get_running_loop().create_task(self._connect_then_start(ex))
+        self.connecting.add(task)
+        task.add_done_callback(self.connecting.discard)
+
+    async def _connect_then_start(self, ex: _Exchange) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.connect_timeout_s):
+                _, conn = await loop.create_connection(
+                    lambda: _Connection(self),
+                    self.host,
+                    self.port,
+                    ssl=self.ssl,
+                    server_hostname=self.host if self.ssl else None,
+                )
+        except (OSError, TimeoutError) as exc:
+            ex.fail(kinds.CONNECT_ERROR, f"{type(exc).__name__}: {exc}")
+            return
+        self.all.add(conn)
+        if ex.finished:  # its deadline passed while connecting
+            self.release(conn)
+        else:
+            ex.start(conn)
+
+    def release(self, conn: _Connection) -> None:
+        if not conn.closed:
+            self.idle.append(conn)
+
+    def forget(self, conn: _Connection) -> None:
+        self.all.discard(conn)
+
+    async def close(self) -> None:
+        for task in list(self.connecting):
+            task.cancel()
+        await asyncio.gather(*self.connecting, return_exceptions=True)
+        for conn in list(self.all):
+            conn.abort()
+        self.idle.clear()
+
+
 class LoadClient:
-    """One HTTP session that runs load levels against a target (``async with``)."""
+    """Connections to one target that run load levels against it (``async with``)."""
 
     def __init__(
         self,
@@ -199,153 +530,72 @@ class LoadClient:
         self.target = target
         self.max_in_flight = max_in_flight
         self.run_id = run_id
-        self._session: aiohttp.ClientSession | None = None
-        self._url = target.url
+        self._pool: _Pool | None = None
+        extra = "".join(f"{k}: {v}\r\n" for k, v in target.headers.items())
+        netloc = urlsplit(target.endpoint).netloc
+        self._head = (
+            f"POST {target.path} HTTP/1.1\r\nHost: {netloc}\r\n"
+            f"Content-Type: application/json\r\nAccept: text/event-stream, application/json"
+            f"\r\nUser-Agent: vllm-operator-bench\r\n{extra}"
+        )
 
     async def __aenter__(self) -> LoadClient:
-        connector = aiohttp.TCPConnector(
-            # No connection cap of the library's own: a hidden pool limit would queue
-            # requests where the schedule lag cannot see it. Caps are ours, explicit.
-            limit=0,
-            limit_per_host=0,
-            keepalive_timeout=60,
-            ttl_dns_cache=300,
-        )
-        # The send instant is when the request's body is handed to the socket, not when
-        # the request object is built: aiohttp prepares a request for ~0.1-0.3 ms and, on
-        # Python 3.11, writes the body from a task one loop iteration later. That time is
-        # the client's, so it belongs to the schedule lag, not to the server's latency.
-        trace = aiohttp.TraceConfig()
-        trace.on_request_chunk_sent.append(_on_body_sent)
-        self._session = aiohttp.ClientSession(
-            trace_configs=[trace],
-            connector=connector,
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.target.connect_timeout_s),
-            headers={"Content-Type": "application/json", **self.target.headers},
-            auto_decompress=False,
-        )
+        self._pool = _Pool(self.target.endpoint, self.target.connect_timeout_s)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
 
     @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
+    def pool(self) -> _Pool:
+        if self._pool is None:
             raise RuntimeError("use LoadClient as an async context manager")
-        return self._session
+        return self._pool
 
-    # ---- one request ------------------------------------------------------------------
+    def payload(self, body: bytes, request_id: str) -> bytes:
+        """The request's bytes on the wire."""
+        head = f"{self._head}X-Request-Id: {request_id}\r\nContent-Length: {len(body)}\r\n\r\n"
+        return head.encode("latin-1") + body
+
+    def exchange(
+        self,
+        rec: RequestRecord,
+        body: bytes,
+        deadlines: Deadlines,
+        request_id: str,
+        on_done: Callable[[_Exchange], None] | None = None,
+    ) -> _Exchange:
+        return _Exchange(
+            rec,
+            self.payload(body, request_id),
+            deadlines,
+            stream=_Stream(self.target.api == "chat") if self.target.stream else None,
+            request_timeout_s=self.target.request_timeout_s,
+            loop=asyncio.get_running_loop(),
+            on_done=on_done,
+        )
 
     async def send(
         self, rec: RequestRecord, body: bytes, deadlines: Deadlines, request_id: str
     ) -> None:
-        """Send one request and fill in ``rec``; never raises except on cancellation."""
-        target = self.target
-        # Provisional: _on_body_sent replaces it with the instant the body is written.
-        rec.sent = sent = time.monotonic()
-        # Deadlines as absolute instants; the earliest pending one is the timeout's.
-        limit = sent + target.request_timeout_s
-        ttft_at = rec.scheduled + deadlines.ttft_s if deadlines.ttft_s is not None else None
-        e2e_at = rec.scheduled + deadlines.e2e_s if deadlines.e2e_s is not None else None
-        pending = _earliest(
-            (limit, kinds.TIMEOUT), (ttft_at, kinds.TTFT_DEADLINE), (e2e_at, kinds.E2E_DEADLINE)
-        )
-        stream = _Stream(target.api == "chat")
+        """Send one request now and fill in ``rec``; request failures are recorded, not
+        raised. Cancelling it abandons the request (recorded as ``Unfinished``)."""
+        ex = self.exchange(rec, body, deadlines, request_id)
+        self.pool.start(ex)
         try:
-            async with asyncio.timeout_at(pending[0]) as timeout:
-                async with self.session.post(
-                    self._url,
-                    data=body,
-                    headers={"X-Request-Id": request_id},
-                    trace_request_ctx=rec,
-                ) as response:
-                    rec.status = response.status
-                    if response.status != 200:
-                        detail = await response.content.read(ERROR_DETAIL_BYTES)
-                        rec.end = time.monotonic()
-                        rec.error = kinds.http_error(response.status)
-                        rec.error_detail = detail.decode(errors="replace")
-                        return
-                    if not target.stream:
-                        await self._whole(rec, response)
-                        return
-                    chunk_times = rec.chunk_times
-                    async for data in response.content.iter_any():
-                        now = time.monotonic()
-                        n = stream.feed(data)
-                        if n:
-                            if rec.first_token is None:
-                                rec.first_token = now
-                                tpot_at = (
-                                    now + deadlines.tpot_s * max(0, rec.output_tokens_planned - 1)
-                                    if deadlines.tpot_s is not None
-                                    else None
-                                )
-                                pending = _earliest(
-                                    (limit, kinds.TIMEOUT),
-                                    (e2e_at, kinds.E2E_DEADLINE),
-                                    (tpot_at, kinds.TPOT_DEADLINE),
-                                )
-                                timeout.reschedule(pending[0])
-                            chunk_times.append(now)
-                        if stream.done or stream.error:
-                            rec.end = now
-                            break
-                    if rec.end is None:
-                        rec.end = time.monotonic()
-        except TimeoutError:
-            rec.end = time.monotonic()
-            rec.error = pending[1]
-            return
-        except aiohttp.ClientConnectorError as exc:
-            rec.end = time.monotonic()
-            rec.error, rec.error_detail = kinds.CONNECT_ERROR, str(exc)[:ERROR_DETAIL_BYTES]
-            return
-        except (
-            aiohttp.ClientPayloadError,
-            aiohttp.ServerDisconnectedError,
-            ConnectionError,
-        ) as exc:
-            rec.end = time.monotonic()
-            rec.error, rec.error_detail = kinds.CONNECTION_LOST, str(exc)[:ERROR_DETAIL_BYTES]
-            return
-        except aiohttp.ClientResponseError as exc:  # an unparseable response
-            rec.end = time.monotonic()
-            rec.error, rec.error_detail = kinds.PROTOCOL_ERROR, str(exc)[:ERROR_DETAIL_BYTES]
-            return
+            await asyncio.shield(ex.future)
         except asyncio.CancelledError:
-            rec.end = time.monotonic()
-            rec.error = kinds.UNFINISHED
+            ex.fail(kinds.UNFINISHED, abort=True)
             raise
-        except Exception as exc:  # a client bug or an odd server: recorded, never fatal
-            rec.end = time.monotonic()
-            rec.error = kinds.CLIENT_ERROR
-            rec.error_detail = f"{type(exc).__name__}: {exc}"[:ERROR_DETAIL_BYTES]
-            return
-        if stream.error is not None:
-            rec.error = stream.error
-        elif stream.usage is None:
-            rec.error = kinds.NO_USAGE
-        if stream.usage is not None:
-            rec.prompt_tokens = _int(stream.usage.get("prompt_tokens"))
-            rec.completion_tokens = _int(stream.usage.get("completion_tokens"))
 
-    async def _whole(self, rec: RequestRecord, response: aiohttp.ClientResponse) -> None:
-        data = await response.read()
-        rec.end = time.monotonic()
-        try:
-            usage = json.loads(data).get("usage") or {}
-        except (ValueError, AttributeError):
-            rec.error = kinds.PROTOCOL_ERROR
-            return
-        if not usage:
-            rec.error = kinds.NO_USAGE
-            return
-        rec.prompt_tokens = _int(usage.get("prompt_tokens"))
-        rec.completion_tokens = _int(usage.get("completion_tokens"))
+    async def preflight(self, plan: RequestPlan) -> RequestRecord:
+        """Send one request outside any level (checks the endpoint, model and usage)."""
+        rec = RequestRecord(-1, time.monotonic(), plan.prompt_tokens, plan.output_tokens)
+        body = request_body(self.target, plan)
+        await self.send(rec, body, Deadlines(), f"{self.run_id}-preflight")
+        return rec
 
     # ---- one level --------------------------------------------------------------------
 
@@ -363,8 +613,8 @@ class LoadClient:
         """Run one load level to its end and return what was recorded.
 
         Open loop: request ``i`` is due at ``start + offsets[i]`` and uses ``plans[i %
-        len(plans)]``. Closed loop: each worker sends its next request when its last one
-        ended. Then in-flight requests get ``drain_timeout_s`` (default: the request
+        len(plans)]``. Closed loop: each slot sends its next request as soon as its last
+        one ended. Then in-flight requests get ``drain_timeout_s`` (default: the request
         timeout) to finish; those still running are recorded as ``Unfinished``.
         """
         if not plans:
@@ -399,17 +649,9 @@ class LoadClient:
             max_in_flight=self.max_in_flight,
         )
 
-    async def preflight(self, plan: RequestPlan) -> RequestRecord:
-        """Send one request outside any level (checks the endpoint, model and usage)."""
-        rec = RequestRecord(-1, time.monotonic(), plan.prompt_tokens, plan.output_tokens)
-        await self.send(
-            rec, request_body(self.target, plan), Deadlines(), f"{self.run_id}-preflight"
-        )
-        return rec
-
 
 class _Level:
-    """The state of one running level."""
+    """The state of one running level: no task per request, callbacks only."""
 
     def __init__(
         self,
@@ -422,6 +664,7 @@ class _Level:
         prefix: str,
     ) -> None:
         self.client = client
+        self.pool = client.pool
         self.loop = loop
         self.plans = plans
         self.bodies = bodies
@@ -429,112 +672,107 @@ class _Level:
         self.on_done = on_done
         self.prefix = prefix
         self.records: list[RequestRecord] = []
-        self.tasks: set[asyncio.Task[None]] = set()
-        self.slots = (
-            asyncio.Semaphore(client.max_in_flight) if client.max_in_flight is not None else None
-        )
+        self.pending: set[_Exchange] = set()
+        self.cap = client.max_in_flight
+        self.in_flight = 0
+        self.queued: deque[_Exchange] = deque()
         self.offsets: Sequence[float] = ()
         self.start = 0.0
-        self.all_launched = asyncio.Event()
+        self.all_launched = loop.create_future()
+        # Closed loop state.
+        self.next_index = 0
+        self.count: int | None = None
+        self.stop_at: float | None = None
 
-    def _record(self, index: int, scheduled: float) -> RequestRecord:
+    def _launch(self, index: int, scheduled: float) -> None:
         plan = self.plans[index % len(self.plans)]
         rec = RequestRecord(index, scheduled, plan.prompt_tokens, plan.output_tokens)
         self.records.append(rec)
-        return rec
+        ex = self.client.exchange(
+            rec,
+            self.bodies[index % len(self.bodies)],
+            self.deadlines,
+            f"{self.prefix}-{index}",
+            self._done,
+        )
+        self.pending.add(ex)
+        if self.cap is not None and self.in_flight >= self.cap:
+            self.queued.append(ex)  # waits for a slot; the lag will show it
+            return
+        self.in_flight += 1
+        self.pool.start(ex)
 
-    async def _one(self, rec: RequestRecord) -> None:
-        body = self.bodies[rec.index % len(self.bodies)]
-        rid = f"{self.prefix}-{rec.index}"
-        try:
-            if self.slots is not None:
-                async with self.slots:
-                    await self.client.send(rec, body, self.deadlines, rid)
-            else:
-                await self.client.send(rec, body, self.deadlines, rid)
-        except asyncio.CancelledError:
-            if rec.error is None:
-                rec.error = kinds.UNFINISHED
-                rec.end = time.monotonic()
-            raise
-        finally:
-            if self.on_done is not None:
-                self.on_done(rec)
+    def _done(self, ex: _Exchange) -> None:
+        self.pending.discard(ex)
+        if ex in self.queued:  # abandoned at a deadline before it was ever sent
+            self.queued.remove(ex)
+        else:
+            self.in_flight -= 1
+            while self.queued and (self.cap is None or self.in_flight < self.cap):
+                nxt = self.queued.popleft()
+                if not nxt.finished:
+                    self.in_flight += 1
+                    self.pool.start(nxt)
+        if self.on_done is not None:
+            self.on_done(ex.rec)
+        if self.count is not None or self.stop_at is not None:
+            # Closed loop: this slot's next request, once the parser callback that ended
+            # this one has returned.
+            self.loop.call_soon(self._next_closed, ex.rec.end or time.monotonic())
 
     # -- open loop: one timer at a time, each launch sets the next
 
-    def _launch(self, index: int) -> None:
+    def _tick(self, index: int) -> None:
         # Everything due by now goes out (a burst, or a timer that fired late), then one
         # timer for the next request: O(1) work per request and a one-entry timer heap.
-        # Setting all timers up front, or a second's worth at a time, would stall the loop
-        # for milliseconds at high rates, and show as schedule lag.
         offsets, start = self.offsets, self.start
         now = self.loop.time()
         while True:
-            at = start + offsets[index]
-            task = self.loop.create_task(self._one(self._record(index, at)))
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
+            self._launch(index, start + offsets[index])
             index += 1
             if index == len(offsets):
-                self.all_launched.set()
+                if not self.all_launched.done():
+                    self.all_launched.set_result(None)
                 return
             if start + offsets[index] > now:
                 break
-        self.loop.call_at(start + offsets[index], self._launch, index)
+        self.loop.call_at(start + offsets[index], self._tick, index)
 
     async def open_loop(self, start: float, offsets: Sequence[float]) -> None:
         if not offsets:
             return
         self.offsets, self.start = offsets, start
-        self.loop.call_at(start + offsets[0], self._launch, 0)
-        await self.all_launched.wait()
+        self.loop.call_at(start + offsets[0], self._tick, 0)
+        await self.all_launched
 
-    # -- closed loop: workers
+    # -- closed loop: each finished request starts the next
+
+    def _next_closed(self, free_at: float) -> None:
+        if self.all_launched.done():
+            return
+        if (self.count is not None and self.next_index >= self.count) or (
+            self.stop_at is not None and time.monotonic() >= self.stop_at
+        ):
+            self.all_launched.set_result(None)
+            return
+        index = self.next_index
+        self.next_index += 1
+        self._launch(index, free_at)
 
     async def closed_loop(self, start: float, schedule: ClosedLoop) -> None:
-        count = schedule.count
-        stop_at = start + schedule.duration if schedule.duration is not None else None
-        counter = iter(range(count if count is not None else 2**62))
+        self.count = schedule.count if schedule.count is not None else 2**62
+        self.stop_at = start + schedule.duration if schedule.duration is not None else None
         await _sleep_until(self.loop, start)
-
-        async def worker() -> None:
-            free = start
-            for index in counter:
-                if stop_at is not None and time.monotonic() >= stop_at:
-                    return
-                rec = self._record(index, free)
-                await self._one(rec)
-                free = rec.end if rec.end is not None else time.monotonic()
-
-        workers = [self.loop.create_task(worker()) for _ in range(schedule.concurrency)]
-        self.tasks.update(workers)
-        for w in workers:
-            w.add_done_callback(self.tasks.discard)
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.gather(*workers)
+        for _ in range(schedule.concurrency):
+            self._next_closed(start)
+        await self.all_launched
 
     async def drain(self, seconds: float) -> None:
-        if self.tasks:
-            _done, pending = await asyncio.wait(set(self.tasks), timeout=seconds)
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
-
-
-async def _on_body_sent(
-    _session: aiohttp.ClientSession,
-    context: SimpleNamespace,
-    _params: aiohttp.TraceRequestChunkSentParams,
-) -> None:
-    # Called by aiohttp just before it writes the body to the transport.
-    rec = context.trace_request_ctx
-    if isinstance(rec, RequestRecord):
-        rec.sent = time.monotonic()
-
-
-def _earliest(*candidates: tuple[float | None, str]) -> tuple[float, str]:
-    return min(((t, k) for t, k in candidates if t is not None), key=lambda c: c[0])
+        pending = [ex.future for ex in self.pending]
+        if pending:
+            await asyncio.wait(pending, timeout=seconds)
+        for ex in list(self.pending):
+            ex.fail(kinds.UNFINISHED, abort=True)
 
 
 def _int(value: Any) -> int | None:
@@ -560,3 +798,12 @@ async def _sleep_until(loop: asyncio.AbstractEventLoop, when: float) -> None:
 def _cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
+
+
+def raise_open_file_limit() -> None:
+    """Lift this process's soft limit on open files to the hard limit: an open loop that
+    falls behind holds a connection per request in flight."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))

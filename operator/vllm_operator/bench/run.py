@@ -249,13 +249,13 @@ async def _discover_model(endpoint: str) -> str:
 def _client_facts(options: RunOptions) -> dict[str, object]:
     import os
 
-    import aiohttp
+    import httptools
 
     return {
         "host": platform.node(),
         "machine": platform.machine(),
         "python": platform.python_version(),
-        "aiohttp": aiohttp.__version__,
+        "httptools": httptools.__version__,
         "cpus": os.cpu_count(),
         "max_in_flight": options.max_in_flight,
     }
