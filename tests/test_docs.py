@@ -63,6 +63,8 @@ def reasons_in_code() -> set[str]:
         # Reasons chosen by a conditional expression inside cond(...).
         out |= _strings(path, r'\(\s*"([A-Z][a-z]\w+)"\s+if\b')
         out |= _strings(path, r'\belse\s+"([A-Z][a-z]\w+)"')
+        # InferenceBenchmark phases: status("Phase", "Reason", ...)
+        out |= _strings(path, r'\bstatus\(\s*"[A-Z]\w+",\s*"([A-Z]\w+)"')
     for path in (PKG / "tuning").glob("*.py"):
         out |= _strings(path, r'DoesNotFit\(\s*"([A-Z]\w+)"')
         out |= _strings(path, r'reason(?:: FitReason)? = "([A-Z]\w+)"')
