@@ -398,8 +398,8 @@ def _context(ask: _Ask) -> _Context:
         origin = "workload"
         reason = (
             f"longest request in the workload: prompt {prompt.describe_longest()} + output "
-            f"{out_text} = {longest:,}, rounded up to {CONTEXT_ROUNDING}; not the model's "
-            f"{model_max:,} (unused context wastes KV blocks)"
+            f"{out_text} = {longest:,}, rounded up to a multiple of {CONTEXT_ROUNDING}; not "
+            f"the model's {model_max:,} (unused context wastes KV blocks)"
         )
         if longest > model_max:
             reason = (
