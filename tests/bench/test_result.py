@@ -96,3 +96,26 @@ def test_a_single_level_is_the_headline_even_when_it_failed() -> None:
     status = to_status(result(failing))
     assert status.headline is not None and status.headline.slo_attainment == 0
     assert status.knee_rate_per_second is None
+
+
+def test_console_reporter_counts_and_draws_only_when_asked() -> None:
+    import io
+
+    from rich.console import Console
+
+    from vllm_operator.bench.report import ConsoleReporter, print_summary
+
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=200)
+    reporter = ConsoleReporter(console)
+    level = outcome(Load(2.0), 0.25)
+    reporter.level_started(Load(2.0), 4)
+    for rec in level.recording.records:
+        reporter.request_done(rec)
+    assert (reporter.done, reporter.errors) == (4, 0)
+    reporter.refresh()
+    reporter.level_finished(level.stats)
+    reporter.close()
+    print_summary(result(level), console)
+    text = out.getvalue()
+    assert "client kept up" in text and "2 req/s" in text and "TTFT p99" in text
