@@ -78,6 +78,9 @@ class Config:
     tokens_per_chunk: int = 1
     # Every n-th generation request (1-based) answers HTTP 500; 0: never.
     fail_every: int = 0
+    # Close a kept-alive connection when its second request arrives, unanswered: what a
+    # server's idle timeout does when it races a client's next request.
+    drop_reused: bool = False
 
     @classmethod
     def from_json(cls, text: str) -> Config:
@@ -110,6 +113,7 @@ class _State:
         self.config = config
         self.log: list[Entry] = []
         self.count = 0
+        self.dropped = 0
         self.vocab: dict[str, int] = {}
         self.words: list[str] = []
 
@@ -162,6 +166,7 @@ class _Protocol(asyncio.Protocol):
         self.closed = False
         self.timers: list[asyncio.TimerHandle] = []
         self.current: Entry | None = None
+        self.requests = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -198,6 +203,12 @@ class _Protocol(asyncio.Protocol):
         self.buffer = self.buffer[head_end + 4 + length :]
         received = time.monotonic()
         method, path, _ = request_line.split(" ", 2)
+        self.requests += 1
+        if self.state.config.drop_reused and self.requests > 1 and path.startswith("/v1/"):
+            self.state.dropped += 1
+            assert self.transport is not None
+            self.transport.close()
+            return
         self.busy = True
         self._handle(method, path.split("?")[0], headers, body, received)
 
@@ -229,6 +240,8 @@ class _Protocol(asyncio.Protocol):
             log = [asdict(e) for e in state.log]
             state.log = []
             self._reply(_json_response(200, log))
+        elif path == "/_dropped":
+            self._reply(_json_response(200, {"dropped": state.dropped}))
         elif path == "/tokenize":
             req = json.loads(body)
             text = req.get("prompt")

@@ -286,3 +286,24 @@ def test_deadlines_are_hard_and_failures_are_counted_by_kind(fake_server: Server
     log = server.take_log()
     # The client closed the connections: the server saw the requests aborted.
     assert sum(e["aborted"] for e in log) == 16
+
+
+def test_a_request_on_a_connection_the_server_closed_is_sent_again(
+    fake_server: ServerFactory,
+) -> None:
+    # The server drops every kept-alive connection when its second request arrives, as an
+    # idle timeout racing the client does: each such request goes out once more, on a new
+    # connection, and succeeds; only a fresh connection's request is never retried.
+    import httpx
+
+    server = fake_server(Config(drop_reused=True))
+    recording = run_level(
+        server,
+        arrivals.ClosedLoop(1, count=6),
+        load=Load(concurrency=1, process="ClosedLoop"),
+        output_tokens=2,
+        n_plans=6,
+    )
+    stats = summarize(recording)
+    assert stats.errors_by_kind == {} and stats.completed == 6
+    assert httpx.get(f"{server.url}/_dropped").json()["dropped"] == 5
