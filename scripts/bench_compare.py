@@ -297,6 +297,10 @@ def _fmt(v: float | None, digits: int = 3) -> str:
     return "-" if v is None else f"{v:.{digits}g}"
 
 
+def _rate(v: float | None) -> str:
+    return "-" if v is None else f"{v:,.0f}"
+
+
 def _median(values: list[float | None]) -> float | None:
     present = [v for v in values if v is not None]
     return statistics.median(present) if present else None
@@ -345,7 +349,7 @@ def report(results: dict[str, Any]) -> str:
         r = rows[name]
         ok = r["lag_p99_ms"] is not None and r["lag_p99_ms"] < 1.0
         lines.append(
-            f"| {name} | {_fmt(r['max_rate'], 4)} | {_fmt(r['half_rate'], 4)} "
+            f"| {name} | {_rate(r['max_rate'])} | {_rate(r['half_rate'])} "
             f"| {_fmt(r['lag_p50_ms'])} | {_fmt(r['lag_p99_ms'])} | {_fmt(r['lag_max_ms'])} "
             f"| {_fmt(r['own_lag_p99_ms'])} | {'yes' if ok else 'no'} |"
         )
@@ -387,7 +391,7 @@ def report(results: dict[str, Any]) -> str:
         for name in names:
             d = rep[name]
             lines.append(
-                f"| {rep['repeat']} | {name} | {_fmt(d['max_rate'], 4)} "
+                f"| {rep['repeat']} | {name} | {_rate(d['max_rate'])} "
                 f"| {_fmt(d['half']['lag_p99_ms'] if d['half'] else None)} |"
             )
     lines += ["", "Raw probes: the JSON file next to this report.", ""]
@@ -582,7 +586,19 @@ def main(argv: list[str] | None = None) -> int:
         help="only the micro-benchmarks (timer lateness, httpx vs aiohttp); with --report, "
         "their section replaces the one in the report",
     )
+    parser.add_argument(
+        "--from-json", type=Path, help="only rewrite the report from an earlier raw JSON"
+    )
     args = parser.parse_args(argv)
+    if args.from_json:
+        results = json.loads(args.from_json.read_text())
+        text = report(results)
+        if "micro" in results:
+            text += "\n" + micro_report(results["micro"])
+        print(text)
+        if args.report:
+            args.report.write_text(text)
+        return 0
     if args.micro:
         data = run_micro()
         text = micro_report(data)
