@@ -9,7 +9,6 @@ Conditions mirror the phase (Ready, Reconciling, Stalled) so kstatus and Argo CD
 
 from __future__ import annotations
 
-import json
 import logging
 from datetime import UTC, datetime
 from typing import Any
@@ -29,7 +28,7 @@ from vllm_operator.models import InferenceBenchmark, InferenceBenchmarkStatus, I
 from vllm_operator.models.base import Condition
 from vllm_operator.models.inference_service import BenchmarkSummary
 from vllm_operator.reconcile.conditions import condition
-from vllm_operator.reconcile.warmup import _job_state
+from vllm_operator.reconcile.jobs import job_report, job_state
 from vllm_operator.render.benchmark import (
     build_load_job,
     build_spec_config_map,
@@ -86,20 +85,6 @@ async def _write(
             message=f"Phase {status.phase}: {ready.message}",
             warning=status.phase == "Failed",
         )
-
-
-async def _report(api: ClusterAPI, ns: str, job: str) -> dict[str, Any] | None:
-    pods = await api.list("v1", "Pod", ns, label_selector=f"batch.kubernetes.io/job-name={job}")
-    for pod in pods:
-        for cs in pod.get("status", {}).get("containerStatuses", []):
-            message = cs.get("state", {}).get("terminated", {}).get("message")
-            if message:
-                try:
-                    data: dict[str, Any] = json.loads(message)
-                except ValueError:
-                    return {"error": message[:500]}
-                return data
-    return None
 
 
 async def reconcile_inference_benchmark(
@@ -193,7 +178,7 @@ async def reconcile_inference_benchmark(
                 model=served_model_name(target),
             )
         )
-    state = _job_state(job)
+    state = job_state(job)
     if state == "Running":
         await _write(
             api,
@@ -208,7 +193,7 @@ async def reconcile_inference_benchmark(
             ),
         )
         return "Running"
-    report = await _report(api, ns, job["metadata"]["name"]) or {}
+    report = await job_report(api, ns, job["metadata"]["name"])
     if state == "Succeeded" and "headline" in report:
         measured = InferenceBenchmarkStatus.model_validate(
             {k: v for k, v in report.items() if k in ("levels", "headline", "kneeRatePerSecond")}
@@ -229,7 +214,7 @@ async def reconcile_inference_benchmark(
             ),
         )
         return "Succeeded"
-    why = report.get("error") or report.get("message") or "the load Job failed"
+    why = report.get("message") or "the load Job failed"
     await _write(
         api,
         body,
@@ -254,7 +239,7 @@ async def active_lock(api: ClusterAPI, isvc: InferenceService) -> str | None:
         label_selector=f"{LABEL_SCALE_DOWN_LOCK}=true,{LABEL_LOCK_TARGET}={isvc.metadata.name}",
     )
     for job in jobs:
-        if job["metadata"].get("deletionTimestamp") or _job_state(job) != "Running":
+        if job["metadata"].get("deletionTimestamp") or job_state(job) != "Running":
             continue
         labels = job["metadata"].get("labels") or {}
         return str(labels.get(LABEL_BENCHMARK) or job["metadata"]["name"])

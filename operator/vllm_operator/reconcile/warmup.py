@@ -11,7 +11,6 @@ is how the operator tells a current warmup from one of an earlier incarnation.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -20,6 +19,7 @@ from vllm_operator.constants import LABEL_WARMUP_FOR, WARMED_UP_CONDITION
 from vllm_operator.k8s.api import ClusterAPI, Manifest
 from vllm_operator.models import InferenceService
 from vllm_operator.models.inference_service import EffectiveTuning
+from vllm_operator.reconcile.jobs import job_report, job_state
 from vllm_operator.render.warmup import build_warmup_job, container_restarts, warmup_job_name
 
 
@@ -39,33 +39,6 @@ def _condition(pod: Manifest, type_: str) -> dict[str, Any] | None:
             found: dict[str, Any] = cond
             return found
     return None
-
-
-def _job_state(job: Manifest) -> str:
-    for cond in job.get("status", {}).get("conditions", []):
-        if cond.get("status") == "True" and cond.get("type") in ("Complete", "SuccessCriteriaMet"):
-            return "Succeeded"
-        if cond.get("status") == "True" and cond.get("type") in ("Failed", "FailureTarget"):
-            return "Failed"
-    return "Running"
-
-
-async def _report(api: ClusterAPI, ns: str, job_name: str) -> dict[str, Any]:
-    """The warmup report the Job's last pod left as its termination message."""
-    pods = await api.list(
-        "v1", "Pod", ns, label_selector=f"batch.kubernetes.io/job-name={job_name}"
-    )
-    pods.sort(key=lambda p: p["metadata"].get("creationTimestamp", ""))
-    for pod in reversed(pods):
-        for status in pod.get("status", {}).get("containerStatuses", []):
-            message = status.get("state", {}).get("terminated", {}).get("message")
-            if message:
-                try:
-                    report: dict[str, Any] = json.loads(message)
-                except ValueError:
-                    return {"message": message.strip()[:500]}
-                return report
-    return {}
 
 
 async def _set_gate(
@@ -160,10 +133,10 @@ async def reconcile_warmups(
                 now=now,
             )
             continue
-        state = _job_state(job)
+        state = job_state(job)
         if state == "Running":
             continue
-        report = await _report(api, ns, job_name)
+        report = await job_report(api, ns, job_name)
         if state == "Succeeded":
             cold, warm = _ms(report.get("cold_ttft_s")), _ms(report.get("warm_ttft_s"))
             seen.cold_ttft_ms = cold if cold is not None else seen.cold_ttft_ms

@@ -1,0 +1,40 @@
+"""What the operator reads back from its Jobs (warmup, benchmark load): whether one has
+finished, and the report its last pod left as the termination message."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from vllm_operator.k8s.api import ClusterAPI, Manifest
+
+JobState = Literal["Running", "Succeeded", "Failed"]
+
+
+def job_state(job: Manifest) -> JobState:
+    """Finished or not, from the Job's conditions (the success/failure targets count too)."""
+    for cond in job.get("status", {}).get("conditions", []):
+        if cond.get("status") == "True" and cond.get("type") in ("Complete", "SuccessCriteriaMet"):
+            return "Succeeded"
+        if cond.get("status") == "True" and cond.get("type") in ("Failed", "FailureTarget"):
+            return "Failed"
+    return "Running"
+
+
+async def job_report(api: ClusterAPI, ns: str, job_name: str) -> dict[str, Any]:
+    """The JSON report the Job's latest pod left as its termination message; a message
+    that is not JSON comes back as ``{"message": ...}``, none as ``{}``."""
+    pods = await api.list(
+        "v1", "Pod", ns, label_selector=f"batch.kubernetes.io/job-name={job_name}"
+    )
+    pods.sort(key=lambda p: p["metadata"].get("creationTimestamp", ""))
+    for pod in reversed(pods):
+        for status in pod.get("status", {}).get("containerStatuses", []):
+            message = status.get("state", {}).get("terminated", {}).get("message")
+            if message:
+                try:
+                    report: dict[str, Any] = json.loads(message)
+                except ValueError:
+                    return {"message": message.strip()[:500]}
+                return report
+    return {}
