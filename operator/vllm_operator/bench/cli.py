@@ -9,13 +9,23 @@ Standalone, the run is described by flags::
 As the InferenceBenchmark Job, by the object's spec::
 
     vllm-operator bench --spec-file spec.json --endpoint URL --model NAME --output-dir DIR \\
-        [--dataset-file F] [--trace-file F] [--termination-log /dev/termination-log]
+        [--dataset-file F] [--trace-file F] [--termination-log /dev/termination-log] \\
+        [--results-config-map NAME --results-namespace NS]
 
 Both paths build the same :class:`~vllm_operator.models.inference_benchmark.InferenceBenchmarkSpec`
 and run it (:func:`vllm_operator.bench.run.run_benchmark`). Outputs land in ``--output-dir``:
 ``results.json`` (every request), ``status.json`` (the InferenceBenchmark status) and
 ``report.html``; a table goes to the terminal, and with ``--termination-log`` a compact
-status (at most 4 KiB, the Kubernetes limit) goes to that file.
+status (at most 4 KiB, the Kubernetes limit) goes to that file, or the error when the run
+failed. With ``--results-config-map`` the results are also written, gzipped, into that
+ConfigMap (:mod:`vllm_operator.bench.upload`); nothing else here needs a cluster.
+
+``--from-results`` redraws the report without running: from a ``results.json``, a
+``results.json.gz``, or an InferenceBenchmark's results ConfigMap as ``kubectl get -o json``
+(or ``-o yaml``) prints it; ``-`` reads standard input::
+
+    kubectl get configmap NAME-results -o json | vllm-operator bench --from-results - \\
+        --output-dir report      # writes report/results.json and report/report.html
 
 Length distributions: ``N`` or ``fixed:N``; ``uniform:MIN-MAX``; ``normal:MEAN,STDDEV[,MIN,MAX]``;
 ``lognormal:MEDIAN,SIGMA[,MIN,MAX]``; ``buckets:MIN-MAX:WEIGHT,MIN-MAX:WEIGHT,...``.
@@ -46,6 +56,7 @@ EXIT_USAGE = 2
 EXIT_SLO = 3
 
 TERMINATION_MESSAGE_LIMIT = 4096
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 # Flags that describe the run; they conflict with --spec-file (which describes it too).
 _SPEC_FLAGS = (
@@ -194,7 +205,20 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     files.add_argument(
         "--from-results",
-        help="do not run: redraw the table and HTML from an earlier results.json",
+        metavar="FILE",
+        help="do not run: redraw the HTML from an earlier results.json (or .json.gz, or a "
+        "results ConfigMap as JSON/YAML; - for stdin)",
+    )
+    files.add_argument(
+        "--results-config-map",
+        metavar="NAME",
+        help="also write the results (gzipped) into this existing ConfigMap (needs get and "
+        "patch on it; credentials: in-cluster ServiceAccount, else KUBECONFIG)",
+    )
+    files.add_argument(
+        "--results-namespace",
+        metavar="NS",
+        help="namespace of --results-config-map (default: the ServiceAccount's, else default)",
     )
 
     client = parser.add_argument_group("client")
@@ -383,24 +407,92 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     # Logs and files are wider than the 80 columns rich assumes without a terminal.
     console = Console(width=None if sys.stdout.isatty() else 180)
     if args.from_results:
-        return _redraw(Path(args.from_results), Path(args.output_dir), console)
+        return _redraw(args.from_results, Path(args.output_dir), console)
     return _run(args, console)
 
 
-def _redraw(path: Path, out_dir: Path, console: Console) -> int:
+def read_results(source: str) -> tuple[dict[str, Any], bool]:
+    """A run's JSON form from ``source`` (a path, or ``-`` for stdin): a results.json, a
+    gzipped one, or a results ConfigMap in JSON or YAML. Also whether it was anything but
+    a plain results.json."""
+    import gzip
+
+    import yaml
+
+    from vllm_operator.bench.archive import unpack
+
+    raw = sys.stdin.buffer.read() if source == "-" else Path(source).read_bytes()
+    packed = raw[:2] == b"\x1f\x8b"
+    if packed:
+        raw = gzip.decompress(raw)
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        data = yaml.safe_load(raw)  # kubectl get -o yaml
+    if not isinstance(data, dict):
+        raise ValueError(f"{source}: not a JSON or YAML object")
+    if data.get("kind") == "ConfigMap":
+        return unpack(data), True
+    if "levels" not in data:
+        raise ValueError(f"{source}: neither a results.json nor a results ConfigMap")
+    return data, packed
+
+
+def _redraw(source: str, out_dir: Path, console: Console) -> int:
     from vllm_operator.bench.report import render_html
 
-    data = json.loads(path.read_text())
+    try:
+        data, unpacked = read_results(source)
+    except (ValueError, OSError) as exc:
+        print(f"vllm-operator bench: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     out_dir.mkdir(parents=True, exist_ok=True)
+    if unpacked:
+        (out_dir / "results.json").write_text(json.dumps(data, indent=1) + "\n")
+        console.print(f"Wrote {out_dir / 'results.json'}")
+    if data.get("requests_dropped"):
+        console.print(
+            f"{data['requests_dropped']} requests were dropped to fit the ConfigMap; the "
+            "level summaries still count every request."
+        )
     (out_dir / "report.html").write_text(render_html(data))
     console.print(f"Wrote {out_dir / 'report.html'}")
     return EXIT_OK
 
 
+def _service_account_namespace() -> str:
+    try:
+        return Path(SERVICE_ACCOUNT_NAMESPACE).read_text().strip() or "default"
+    except OSError:
+        return "default"
+
+
+def _write_termination_log(path: str | None, text: str) -> None:
+    if not path:
+        return
+    try:
+        Path(path).write_text(text[:TERMINATION_MESSAGE_LIMIT])
+    except OSError as exc:
+        logging.getLogger(__name__).warning("Could not write the termination log: %s", exc)
+
+
+def _fail(args: argparse.Namespace, message: str, code: int) -> int:
+    """Report a run that could not start or finish: on stderr, and (for the operator,
+    which shows it in the benchmark's status) in the termination log."""
+    print(f"vllm-operator bench: {message}", file=sys.stderr)
+    _write_termination_log(args.termination_log, message)
+    return code
+
+
 def _run(args: argparse.Namespace, console: Console) -> int:
     from vllm_operator.bench import timing
     from vllm_operator.bench.client import raise_open_file_limit
-    from vllm_operator.bench.report import ConsoleReporter, print_summary, write_outputs
+    from vllm_operator.bench.report import (
+        ConsoleReporter,
+        print_summary,
+        result_json,
+        write_outputs,
+    )
     from vllm_operator.bench.result import passed, to_status
     from vllm_operator.bench.run import (
         BenchmarkError,
@@ -413,8 +505,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     from vllm_operator.models.inference_benchmark import InferenceBenchmarkSpec
 
     if not args.endpoint:
-        print("vllm-operator bench: --endpoint is required", file=sys.stderr)
-        return EXIT_USAGE
+        return _fail(args, "--endpoint is required", EXIT_USAGE)
     try:
         if args.spec_file:
             given = [f for f in _SPEC_FLAGS if getattr(args, f) not in (None, False)]
@@ -440,8 +531,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
                 raise ValueError(f"--header needs NAME:VALUE, got {item!r}")
             headers[name.strip()] = value.strip()
     except (ValueError, ValidationError, OSError) as exc:
-        print(f"vllm-operator bench: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return _fail(args, str(exc), EXIT_USAGE)
     options = RunOptions(
         endpoint=args.endpoint,
         model=args.model,
@@ -460,25 +550,42 @@ def _run(args: argparse.Namespace, console: Console) -> int:
             run_benchmark(spec, options, RunInputs(dataset=dataset, trace=trace), reporter)
         )
     except BenchmarkError as exc:
-        print(f"vllm-operator bench: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+        return _fail(args, str(exc), EXIT_FAILED)
     finally:
         reporter.close()
     print_summary(result, console)
     paths = write_outputs(result, Path(args.output_dir), html_report=not args.no_html)
     for path in paths.values():
         console.print(f"Wrote {path}")
-    if args.termination_log:
-        status = to_status(result).to_wire()
-        try:
-            Path(args.termination_log).write_text(compact_status(status))
-        except OSError as exc:
-            logging.getLogger(__name__).warning("Could not write the termination log: %s", exc)
+    status = to_status(result).to_wire()
+    if args.results_config_map and _upload(args, result_json(result), console):
+        status["resultsConfigMap"] = args.results_config_map
+    _write_termination_log(args.termination_log, compact_status(status))
     if args.fail_on_slo:
         head = result.headline
         if head is None or not passed(head.stats, target_attainment(spec)):
             return EXIT_SLO
     return EXIT_OK
+
+
+def _upload(args: argparse.Namespace, results: dict[str, Any], console: Console) -> bool:
+    """Write the results into ``--results-config-map``; False (and a warning) when that
+    failed: the run itself still counts, its headline numbers are in the status."""
+    import asyncio
+
+    from vllm_operator.bench.upload import UploadError, upload
+
+    namespace = args.results_namespace or _service_account_namespace()
+    try:
+        packed = asyncio.run(upload(results, name=args.results_config_map, namespace=namespace))
+    except UploadError as exc:
+        logging.getLogger(__name__).warning("Could not write the results ConfigMap: %s", exc)
+        return False
+    console.print(
+        f"Wrote ConfigMap {namespace}/{args.results_config_map}: {packed.kept} of "
+        f"{packed.requests} requests ({packed.dropped} dropped to fit 1 MiB)"
+    )
+    return True
 
 
 def main(argv: Sequence[str] | None = None) -> int:

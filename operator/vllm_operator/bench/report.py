@@ -14,8 +14,9 @@
   prompt-length bucket, and a timeline of every request of one level (latency from the
   scheduled time against the scheduled time; failures in red).
 
-The HTML and the tables are rendered from the JSON form, so ``vllm-operator bench report
-results.json`` can redraw them later.
+The HTML and the tables are rendered from the JSON form, so ``vllm-operator bench
+--from-results results.json`` (or the benchmark's results ConfigMap, see
+:mod:`vllm_operator.bench.archive`) can redraw the HTML later.
 """
 
 from __future__ import annotations
