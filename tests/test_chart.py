@@ -274,7 +274,9 @@ UPCOMING_RULES = [
         ("horizontalpodautoscalers",),
         ("get", "list", "watch", "create", "patch", "delete"),
     ),
-    (("",), ("configmaps",), ("get", "list", "watch", "create", "patch", "delete")),
+    (("",), ("configmaps",), ("get", "list", "watch", "create", "update", "patch", "delete")),
+    (("",), ("serviceaccounts",), ("create", "patch")),
+    (("rbac.authorization.k8s.io",), ("roles", "rolebindings"), ("create", "patch")),
     (("inference.vllm-operator.dev",), ("inferencebenchmarks",), ("get", "list", "watch")),
     (("inference.vllm-operator.dev",), ("inferencebenchmarks/status",), ("patch",)),
 ]

@@ -65,6 +65,8 @@ def reasons_in_code() -> set[str]:
         out |= _strings(path, r'\belse\s+"([A-Z][a-z]\w+)"')
         # InferenceBenchmark phases: status("Phase", "Reason", ...)
         out |= _strings(path, r'\bstatus\(\s*"[A-Z]\w+",\s*"([A-Z]\w+)"')
+        # Reasons named once as constants (a missing dataset or trace).
+        out |= _strings(path, r'REASON_\w+: Final = "([A-Z]\w+)"')
     for path in (PKG / "tuning").glob("*.py"):
         out |= _strings(path, r'DoesNotFit\(\s*"([A-Z]\w+)"')
         out |= _strings(path, r'reason(?:: FitReason)? = "([A-Z]\w+)"')
@@ -86,7 +88,8 @@ def test_the_reason_finder_finds_the_known_ones() -> None:
     found = reasons_in_code()
     for known in ("NoNodeHasEnoughGPUs", "SecretNotFound", "WeightsDoNotFit", "WarmupFailed",
                   "LimitBelowDefault", "PCIeWidthReduced", "NvmlUnavailable", "TooSlow",
-                  "AllReplicasReady", "ScaledToZero", "BenchmarkRunning", "DryRun"):  # fmt: skip
+                  "AllReplicasReady", "ScaledToZero", "BenchmarkRunning", "DryRun",
+                  "DatasetNotFound", "TraceKeyNotFound"):  # fmt: skip
         assert known in found, known
     assert len(found) >= 50
 

@@ -108,16 +108,162 @@ async def test_a_ready_target_gets_the_load_job_and_the_lock() -> None:
     assert _phase(api) == ("Running", "LoadRunning")
 
 
+async def test_the_load_job_gets_its_own_account_allowed_only_to_write_its_results() -> None:
+    api = RecordingCluster()
+    api.put(BENCH)
+    api.put(_target(ready=True))
+    await _run(api)
+    applied = [(kind, name) for verb, kind, name in api.calls if verb == "apply"]
+    # Everything the Job's pod needs exists before the Job does.
+    assert applied[:6] == [
+        ("ConfigMap", "load-spec"),
+        ("ConfigMap", "load-results"),
+        ("ServiceAccount", "load-load"),
+        ("Role", "load-load"),
+        ("RoleBinding", "load-load"),
+        ("Job", "load-load"),
+    ]
+    role = api.objects[("rbac.authorization.k8s.io/v1", "Role", "team-a", "load-load")]
+    assert role["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": ["load-results"],
+            "verbs": ["get", "update", "patch"],
+        }
+    ]
+    pod = api.objects[("batch/v1", "Job", "team-a", "load-load")]["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "load-load"
+    args = pod["containers"][0]["args"]
+    assert args[args.index("--results-config-map") + 1] == "load-results"
+
+
 async def test_a_finished_job_gives_the_results_and_releases_the_lock() -> None:
     api = RecordingCluster()
     api.put(BENCH)
     api.put(_target(ready=True))
     await _run(api)
     headline = {"requests": 60, "succeeded": 60, "failed": 0, "requestsPerSecond": 2.0}
-    _job_done(api, "Complete", {"levels": [headline], "headline": headline})
+    report = {"levels": [headline], "headline": headline, "resultsConfigMap": "load-results"}
+    _job_done(api, "Complete", report)
     assert await _run(api) == "Succeeded"
     status = api.objects[KEY]["status"]
     assert status["headline"]["requests"] == 60 and status["completionTime"]
+    assert status["resultsConfigMap"] == "load-results"
+    assert "ConfigMap load-results" in _message(api)
+
+
+async def test_results_that_did_not_reach_the_config_map_are_not_claimed() -> None:
+    api = RecordingCluster()
+    api.put(BENCH)
+    api.put(_target(ready=True))
+    await _run(api)
+    headline = {"requests": 60, "succeeded": 60, "failed": 0}
+    _job_done(api, "Complete", {"levels": [headline], "headline": headline})
+    assert await _run(api) == "Succeeded"
+    assert "resultsConfigMap" not in api.objects[KEY]["status"]
+    assert "did not reach ConfigMap load-results" in _message(api)
+
+
+async def test_a_failed_job_carries_the_load_generators_error() -> None:
+    api = RecordingCluster()
+    api.put(BENCH)
+    api.put(_target(ready=True))
+    await _run(api)
+    job = api.objects[("batch/v1", "Job", "team-a", "load-load")]
+    job["status"] = {"conditions": [{"type": "Failed", "status": "True"}]}
+    api.put(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": "load-load-x",
+                "namespace": "team-a",
+                "labels": {"batch.kubernetes.io/job-name": "load-load"},
+            },
+            "status": {
+                "containerStatuses": [
+                    {"state": {"terminated": {"message": "dataset line 3: not JSON"}}}
+                ]
+            },
+        }
+    )
+    assert await _run(api) == "Failed"
+    assert _phase(api) == ("Failed", "LoadFailed")
+    assert "dataset line 3: not JSON" in _message(api)
+
+
+def _with_inputs(dataset: bool = False, trace: bool = False) -> dict[str, Any]:
+    bench = copy.deepcopy(BENCH)
+    if dataset:
+        bench["spec"]["workload"] = {"dataset": {"name": "prompts", "key": "chat.jsonl"}}
+    if trace:
+        bench["spec"]["arrival"] = {
+            "process": "Trace",
+            "trace": {"name": "traffic", "key": "monday.jsonl"},
+        }
+    return bench
+
+
+def _config_map(name: str, **data: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": "team-a"},
+        "data": data,
+    }
+
+
+def _message(api: RecordingCluster) -> str:
+    status = api.objects[KEY]["status"]
+    return str(next(c for c in status["conditions"] if c["type"] == "Ready")["message"])
+
+
+async def test_a_missing_dataset_holds_the_benchmark_until_it_is_created() -> None:
+    api = RecordingCluster()
+    api.put(_with_inputs(dataset=True))
+    api.put(_target(ready=True))
+    assert await _run(api) == "Pending"
+    assert _phase(api) == ("Pending", "DatasetNotFound")
+    assert "spec.workload.dataset" in _message(api) and "prompts" in _message(api)
+    assert api.applied("Job") == []
+    # The ConfigMap comes, without the key: still waiting, for the key now.
+    api.put(_config_map("prompts", other="x"))
+    assert await _run(api) == "Pending"
+    assert _phase(api) == ("Pending", "DatasetKeyNotFound")
+    assert "chat.jsonl" in _message(api)
+    assert api.applied("Job") == []
+    # With the key (binaryData counts too), the load starts with the dataset mounted.
+    cm = _config_map("prompts")
+    cm["binaryData"] = {"chat.jsonl": "eyJwcm9tcHQiOiAiaGkifQo="}
+    api.put(cm)
+    assert await _run(api) == "Running"
+    pod = api.objects[("batch/v1", "Job", "team-a", "load-load")]["spec"]["template"]["spec"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "dataset")
+    assert volume["configMap"] == {
+        "name": "prompts",
+        "items": [{"key": "chat.jsonl", "path": "dataset.jsonl"}],
+    }
+    assert "--dataset-file" in pod["containers"][0]["args"]
+
+
+async def test_a_missing_trace_holds_the_benchmark_with_its_own_reason() -> None:
+    api = RecordingCluster()
+    api.put(_with_inputs(dataset=True, trace=True))
+    api.put(_target(ready=True))
+    api.put(_config_map("prompts", **{"chat.jsonl": '{"prompt": "hi"}'}))
+    assert await _run(api) == "Pending"
+    assert _phase(api) == ("Pending", "TraceNotFound")
+    assert "spec.arrival.trace" in _message(api)
+    api.put(_config_map("traffic", **{"tuesday.jsonl": '{"timestamp": 0}'}))
+    assert await _run(api) == "Pending"
+    assert _phase(api) == ("Pending", "TraceKeyNotFound")
+    api.put(_config_map("traffic", **{"monday.jsonl": '{"timestamp": 0}'}))
+    assert await _run(api) == "Running"
+    args = api.objects[("batch/v1", "Job", "team-a", "load-load")]["spec"]["template"]["spec"][
+        "containers"
+    ][0]["args"]
+    assert args[args.index("--trace-file") + 1] == "/etc/vllm-operator/trace/trace.jsonl"
 
 
 async def test_a_job_gone_while_running_is_reported_as_lost_results() -> None:

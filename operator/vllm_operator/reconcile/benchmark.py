@@ -1,17 +1,23 @@
 """The one reconcile of an InferenceBenchmark: wait for a Ready target, run the load Job
 under a scale-down lock, then record what it measured.
 
-Phases: Pending (target missing or not Ready yet) → Running (the Job runs; the lock holds)
-→ Succeeded or Failed (the lock is released; the Job, and anything left of the lock, go by
-TTL and garbage collection). Terminal phases are never left: a benchmark is a record.
-Conditions mirror the phase (Ready, Reconciling, Stalled) so kstatus and Argo CD read it.
+Phases: Pending (target missing or not Ready yet, or a dataset or trace ConfigMap the spec
+names is missing) → Running (the Job runs; the lock holds) → Succeeded or Failed (the lock
+is released; the Job, and anything left of the lock, go by TTL and garbage collection).
+Terminal phases are never left: a benchmark is a record. Conditions mirror the phase
+(Ready, Reconciling, Stalled) so kstatus and Argo CD read it.
+
+Before the Job, the operator applies what the Job needs: the spec as a ConfigMap, the
+empty results ConfigMap and the Job's own ServiceAccount, Role and RoleBinding (allowed
+only to write that ConfigMap). The Job reports its headline numbers as its termination
+message, including ``resultsConfigMap`` once every request's data is in that ConfigMap.
 """
 
 from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final
 
 from pydantic import ValidationError
 
@@ -25,14 +31,19 @@ from vllm_operator.constants import (
 )
 from vllm_operator.k8s.api import ClusterAPI, Manifest
 from vllm_operator.models import InferenceBenchmark, InferenceBenchmarkStatus, InferenceService
-from vllm_operator.models.base import Condition
+from vllm_operator.models.base import Condition, ConfigMapKeyReference
 from vllm_operator.models.inference_service import BenchmarkSummary
 from vllm_operator.reconcile.conditions import condition
 from vllm_operator.reconcile.jobs import job_report, job_state
 from vllm_operator.render.benchmark import (
     build_load_job,
+    build_load_role,
+    build_load_role_binding,
+    build_load_service_account,
+    build_results_config_map,
     build_spec_config_map,
     load_job_name,
+    results_config_map_name,
 )
 from vllm_operator.render.deployment import served_model_name
 from vllm_operator.render.service import endpoint_url
@@ -40,6 +51,48 @@ from vllm_operator.settings import OperatorSettings
 
 log = logging.getLogger(__name__)
 TERMINAL = ("Succeeded", "Failed")
+
+# Pending while an input the spec names is missing (looked at again every few seconds).
+REASON_DATASET_NOT_FOUND: Final = "DatasetNotFound"
+REASON_DATASET_KEY_NOT_FOUND: Final = "DatasetKeyNotFound"
+REASON_TRACE_NOT_FOUND: Final = "TraceNotFound"
+REASON_TRACE_KEY_NOT_FOUND: Final = "TraceKeyNotFound"
+
+
+async def _missing_input(
+    api: ClusterAPI, bench: InferenceBenchmark, ns: str
+) -> tuple[str, str] | None:
+    """Reason and message when a dataset or trace the spec names is not there: the
+    ConfigMap, or its key (in data or binaryData; the Job mounts either as a file)."""
+    inputs: tuple[tuple[ConfigMapKeyReference | None, str, str, str], ...] = (
+        (
+            bench.spec.workload.dataset,
+            "spec.workload.dataset",
+            REASON_DATASET_NOT_FOUND,
+            REASON_DATASET_KEY_NOT_FOUND,
+        ),
+        (
+            bench.spec.arrival.trace,
+            "spec.arrival.trace",
+            REASON_TRACE_NOT_FOUND,
+            REASON_TRACE_KEY_NOT_FOUND,
+        ),
+    )
+    for ref, field, no_config_map, no_key in inputs:
+        if ref is None:
+            continue
+        cm = await api.get("v1", "ConfigMap", ref.name, ns)
+        if cm is None:
+            return no_config_map, (
+                f"ConfigMap {ref.name} ({field}.name) does not exist in namespace {ns}; the "
+                "benchmark starts once it does."
+            )
+        if ref.key not in (cm.get("data") or {}) and ref.key not in (cm.get("binaryData") or {}):
+            return no_key, (
+                f"ConfigMap {ref.name} has no key {ref.key} ({field}.key); the benchmark "
+                "starts once it does."
+            )
+    return None
 
 
 def _conditions(
@@ -169,7 +222,18 @@ async def reconcile_inference_benchmark(
                 ),
             )
             return "Pending"
-        await api.apply(build_spec_config_map(bench))
+        missing = await _missing_input(api, bench, ns)
+        if missing is not None:
+            await _write(api, body, bench, status("Pending", *missing))
+            return "Pending"
+        for child in (
+            build_spec_config_map(bench),
+            build_results_config_map(bench),
+            build_load_service_account(bench),
+            build_load_role(bench),
+            build_load_role_binding(bench),
+        ):
+            await api.apply(child)
         job = await api.apply(
             build_load_job(
                 bench,
@@ -198,6 +262,8 @@ async def reconcile_inference_benchmark(
         measured = InferenceBenchmarkStatus.model_validate(
             {k: v for k, v in report.items() if k in ("levels", "headline", "kneeRatePerSecond")}
         )
+        results = results_config_map_name(bench)
+        written = report.get("resultsConfigMap") == results
         await _write(
             api,
             body,
@@ -205,12 +271,16 @@ async def reconcile_inference_benchmark(
             status(
                 "Succeeded",
                 "Completed",
-                "The benchmark ran to the end.",
+                f"The benchmark ran to the end; its per-request data is in ConfigMap {results}."
+                if written
+                else f"The benchmark ran to the end, but the per-request data did not reach "
+                f"ConfigMap {results} (see the log of Job {job['metadata']['name']}).",
                 start_time=old.start_time or now,
                 completion_time=now,
                 levels=measured.levels,
                 headline=measured.headline,
                 knee_rate_per_second=measured.knee_rate_per_second,
+                results_config_map=results if written else None,
             ),
         )
         return "Succeeded"

@@ -1,10 +1,17 @@
-"""The children of an InferenceBenchmark: its spec as a file, and the load Job.
+"""The children of an InferenceBenchmark: its spec as a file, the load Job, and where the
+Job leaves its full results.
 
 The load Job runs ``vllm-operator bench`` against the target's Service, and it is also
 the scale-down lock: its labels name the target, and the lock holds while the Job has not
 finished (the chart's admission policy and the operator both read it so). The lock thus
 goes away by itself the moment the load stops, even while the operator is down; deleting
 the benchmark deletes the Job, and the lock with it.
+
+The spec's dataset and trace (ConfigMap keys the user provides) are mounted into the Job
+as files. Every request's data goes into the results ConfigMap, which the Job writes at
+the end under a ServiceAccount of its own: its Role allows ``get``, ``update`` and
+``patch`` of that one ConfigMap and nothing else. All of these are owned by the benchmark
+and named after it, so they go with it.
 """
 
 from __future__ import annotations
@@ -27,6 +34,11 @@ from vllm_operator.models import InferenceBenchmark
 from vllm_operator.render.meta import Manifest, restricted_security_context
 
 SPEC_MOUNT: Final = "/etc/vllm-operator/benchmark"
+# Not below SPEC_MOUNT: each input is a volume of its own.
+DATASET_MOUNT: Final = "/etc/vllm-operator/dataset"
+TRACE_MOUNT: Final = "/etc/vllm-operator/trace"
+DATASET_FILE: Final = "dataset.jsonl"
+TRACE_FILE: Final = "trace.jsonl"
 # How long a finished load Job stays for the operator to collect its results; after that
 # the TTL controller deletes it.
 JOB_TTL_SECONDS: Final = 60
@@ -37,6 +49,15 @@ def spec_config_map_name(bench: InferenceBenchmark) -> str:
 
 
 def load_job_name(bench: InferenceBenchmark) -> str:
+    return f"{bench.metadata.name[:50]}-load"
+
+
+def results_config_map_name(bench: InferenceBenchmark) -> str:
+    return f"{bench.metadata.name[:50]}-results"
+
+
+def load_identity_name(bench: InferenceBenchmark) -> str:
+    """The load Job's ServiceAccount, and its Role and RoleBinding."""
     return f"{bench.metadata.name[:50]}-load"
 
 
@@ -79,13 +100,95 @@ def build_spec_config_map(bench: InferenceBenchmark) -> Manifest:
     }
 
 
+def _meta(bench: InferenceBenchmark, name: str, component: str) -> Manifest:
+    return {
+        "name": name,
+        "namespace": bench.metadata.namespace,
+        "labels": _labels(bench, component),
+        "ownerReferences": _owned_by_benchmark(bench),
+    }
+
+
+def build_results_config_map(bench: InferenceBenchmark) -> Manifest:
+    """Empty: the load Job writes the data. The operator applies only metadata, so
+    applying it again never takes the Job's data away."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(bench, results_config_map_name(bench), "benchmark-results"),
+    }
+
+
+def build_load_service_account(bench: InferenceBenchmark) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _meta(bench, load_identity_name(bench), "benchmark-load"),
+    }
+
+
+def build_load_role(bench: InferenceBenchmark) -> Manifest:
+    """The load Job may read and write its results ConfigMap, and nothing else."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _meta(bench, load_identity_name(bench), "benchmark-load"),
+        "rules": [
+            {
+                "apiGroups": [""],
+                "resources": ["configmaps"],
+                "resourceNames": [results_config_map_name(bench)],
+                "verbs": ["get", "update", "patch"],
+            }
+        ],
+    }
+
+
+def build_load_role_binding(bench: InferenceBenchmark) -> Manifest:
+    name = load_identity_name(bench)
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _meta(bench, name, "benchmark-load"),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [
+            {"kind": "ServiceAccount", "name": name, "namespace": bench.metadata.namespace}
+        ],
+    }
+
+
+def _inputs(bench: InferenceBenchmark) -> tuple[list[str], list[Manifest], list[Manifest]]:
+    """Arguments, mounts and volumes for the dataset and the trace the spec names: each
+    ConfigMap key becomes one read-only file."""
+    args: list[str] = []
+    mounts: list[Manifest] = []
+    volumes: list[Manifest] = []
+    for volume, ref, mount, file, flag in (
+        ("dataset", bench.spec.workload.dataset, DATASET_MOUNT, DATASET_FILE, "--dataset-file"),
+        ("trace", bench.spec.arrival.trace, TRACE_MOUNT, TRACE_FILE, "--trace-file"),
+    ):
+        if ref is None:
+            continue
+        args += [flag, f"{mount}/{file}"]
+        mounts.append({"name": volume, "mountPath": mount, "readOnly": True})
+        volumes.append(
+            {
+                "name": volume,
+                "configMap": {"name": ref.name, "items": [{"key": ref.key, "path": file}]},
+            }
+        )
+    return args, mounts, volumes
+
+
 def build_load_job(bench: InferenceBenchmark, *, image: str, endpoint: str, model: str) -> Manifest:
-    """The Job that sends the load; it reports the results as its termination message."""
+    """The Job that sends the load; it reports the headline results as its termination
+    message and writes every request into the results ConfigMap."""
     seconds = (bench.spec.duration_seconds or 600) * (
         max(len(bench.spec.sweep.rates_per_second), len(bench.spec.sweep.concurrencies), 1)
         if bench.spec.sweep
         else (bench.spec.search.max_probes if bench.spec.search else 1)
     )
+    input_args, input_mounts, input_volumes = _inputs(bench)
     container = {
         "name": "load",
         "image": image,
@@ -102,9 +205,15 @@ def build_load_job(bench: InferenceBenchmark, *, image: str, endpoint: str, mode
             "--no-progress",
             "--termination-log",
             "/dev/termination-log",
+            "--results-config-map",
+            results_config_map_name(bench),
+            "--results-namespace",
+            str(bench.metadata.namespace),
+            *input_args,
         ],
         "volumeMounts": [
             {"name": "spec", "mountPath": SPEC_MOUNT, "readOnly": True},
+            *input_mounts,
             {"name": "results", "mountPath": "/tmp"},
         ],
         "resources": {"requests": {"cpu": "1", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
@@ -131,11 +240,14 @@ def build_load_job(bench: InferenceBenchmark, *, image: str, endpoint: str, mode
                 "metadata": {"labels": labels},
                 "spec": {
                     "restartPolicy": "Never",
-                    "automountServiceAccountToken": False,
+                    # Its own identity, allowed only to write the results ConfigMap.
+                    "serviceAccountName": load_identity_name(bench),
+                    "automountServiceAccountToken": True,
                     "enableServiceLinks": False,
                     "containers": [container],
                     "volumes": [
                         {"name": "spec", "configMap": {"name": spec_config_map_name(bench)}},
+                        *input_volumes,
                         {"name": "results", "emptyDir": {}},
                     ],
                 },
