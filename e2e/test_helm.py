@@ -179,6 +179,11 @@ NOT_NEEDED = [
     ("create", "serviceaccounts/token", "default"),
     ("delete", "customresourcedefinitions", ""),
     ("update", "deployments", "default"),  # writes are server-side apply (patch) only
+    # The benchmark load Job's Role and RoleBinding: granted from what the operator holds.
+    ("escalate", "roles", "default"),
+    ("bind", "roles", "default"),
+    ("delete", "roles", "default"),
+    ("get", "serviceaccounts", "default"),
 ]
 NEEDED = [
     ("patch", "deployments", "default"),
@@ -187,6 +192,10 @@ NEEDED = [
     ("list", "nodes", ""),
     ("watch", "customresourcedefinitions", ""),
     ("create", "events", "default"),
+    ("create", "serviceaccounts", "default"),
+    ("create", "roles", "default"),
+    ("patch", "rolebindings", "default"),
+    ("update", "configmaps", "default"),  # held, so that the load Job's Role may grant it
 ]
 
 
@@ -251,6 +260,52 @@ def test_a_stall_is_recorded_with_one_event_under_the_service_account(
         "the stall's event (events: create)",
     )  # fmt: skip
     assert len(events) == 1 and events[0]["type"] == "Warning"
+    assert "Forbidden" not in op.log_tail(400)
+
+
+def test_a_benchmark_gets_its_load_identity_under_the_service_account(
+    op: ServiceAccountOperator, namespace: str
+) -> None:
+    """The load Job's ServiceAccount, Role and RoleBinding are created by the operator
+    with only the chart's RBAC: RBAC refuses a Role that grants more than its creator
+    holds, so this fails if the chart lacks a verb the Role grants."""
+    cluster = op.cluster
+    cluster.apply(_isvc("chat"), namespace=namespace)
+    _wait_ready(cluster, namespace, "chat")
+    cluster.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "prompts"},
+            "data": {"chat.jsonl": '{"prompt": "hello"}\n'},
+        },
+        namespace=namespace,
+    )
+    cluster.apply(
+        {
+            "apiVersion": f"{GROUP}/v1alpha1",
+            "kind": "InferenceBenchmark",
+            "metadata": {"name": "load"},
+            "spec": {
+                "targetRef": {"name": "chat"},
+                "workload": {"dataset": {"name": "prompts", "key": "chat.jsonl"}},
+                "arrival": {"process": "Poisson", "ratePerSecond": 1},
+                "requests": 5,
+            },
+        },
+        namespace=namespace,
+    )
+    _wait(
+        lambda: (
+            cluster.kubectl("get", "job", "load-load", "-n", namespace, check=False).returncode == 0
+        ),
+        "the load Job (created after its identity)",
+    )
+    role = _json(cluster, "get", "role", "load-load", "-n", namespace)
+    assert role["rules"][0]["resourceNames"] == ["load-results"]
+    _json(cluster, "get", "rolebinding", "load-load", "-n", namespace)
+    _json(cluster, "get", "serviceaccount", "load-load", "-n", namespace)
+    _json(cluster, "get", "configmap", "load-results", "-n", namespace)
     assert "Forbidden" not in op.log_tail(400)
 
 

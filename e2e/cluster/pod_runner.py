@@ -9,9 +9,16 @@ runner plays the container runtime for two kinds of pods:
   runner starts the CPU vLLM listening on that IP, reports ContainersReady from the real
   ``/health`` as a kubelet's readiness probe would, restarts a server that exits (counting
   restarts), and stops it gracefully when the pod is deleted.
-- **warmup Job pods** (label ``inference.vllm-operator.dev/warmup-for``): it runs the
-  container's ``vllm-operator warmup ...`` command as a process and ends the pod
-  Succeeded or Failed with the exit code and the termination message, as a kubelet would.
+- **warmup and benchmark Job pods** (label ``inference.vllm-operator.dev/warmup-for`` or
+  ``inference.vllm-operator.dev/inference-benchmark``): it runs the container's
+  ``vllm-operator ...`` command as a process and ends the pod Succeeded or Failed with the
+  exit code and the termination message, as a kubelet would. ConfigMap volumes (``items``
+  included) and emptyDirs become folders of a temporary directory, and the arguments that
+  name paths under their mounts point there. A pod that runs as a ServiceAccount with its
+  token mounted gets, instead of the token file a kubelet would mount (the process runs
+  on this machine, not in a container), a kubeconfig for the apiserver with a token
+  requested for that ServiceAccount and bound to the pod, in ``KUBECONFIG``; a pod without
+  one gets no credentials at all (never the runner's own).
 
 The container's ``vllm serve MODEL ARGS`` becomes ``python -m
 vllm.entrypoints.openai.api_server --model DIR ARGS`` with what cannot apply to a CPU
@@ -26,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import logging
 import os
@@ -41,6 +49,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import aiohttp
+import yaml
 from kubernetes_asyncio import client, config, watch
 
 from e2e.vllm_server import TINY_MODELS, tiny_model
@@ -255,6 +264,11 @@ class Runner:
         env = dict(os.environ)
         env.update({e["name"]: e["value"] for e in container.get("env", []) if "value" in e})
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        if argv[0] == self.vllm_python:
+            # As a kubelet gives each pod its CPUs: the engine of each vLLM on a core of its
+            # own where there are enough (left to itself every vLLM binds core 0, and a
+            # second one starting beside a busy first one stalls for minutes).
+            env.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(self._free_core()))
         env["VLLM_CACHE_ROOT"] = str(self.log_dir / "vllm-cache")
         env["HF_HUB_OFFLINE"] = "1"
         for note in notes:
@@ -267,6 +281,15 @@ class Runner:
             env,
             self.log_dir / "pods" / f"{meta['namespace']}_{meta['name']}.log",
         )
+
+    def _free_core(self) -> int:
+        """The CPU core bound by the fewest running vLLM servers."""
+        used = [0] * (os.cpu_count() or 1)
+        for srv in self.servers.values():
+            core = srv.env.get("VLLM_CPU_OMP_THREADS_BIND", "")
+            if not srv.stopping and core.isdigit() and int(core) < len(used):
+                used[int(core)] += 1
+        return used.index(min(used))
 
     async def _health_loop(self) -> None:
         """The readiness probe: every server's /health, reported on change."""
@@ -320,21 +343,80 @@ class Runner:
         return url
 
     async def _materialize(self, pod: dict[str, Any], args: list[str], tmp: Path) -> list[str]:
-        """The kubelet's part for ConfigMap volumes: their files on disk, the container's
-        paths pointed at them."""
+        """The kubelet's part for ConfigMap and emptyDir volumes: their files on disk (a
+        ConfigMap's ``items`` select keys and name their files, as a kubelet does), and
+        the container's paths under their mounts pointed there."""
         volumes = {v["name"]: v for v in pod["spec"].get("volumes", [])}
         ns = pod["metadata"]["namespace"]
+        folders: dict[str, Path] = {}
         for mount in pod["spec"]["containers"][0].get("volumeMounts", []):
-            cm = volumes.get(mount["name"], {}).get("configMap")
-            if not cm:
+            volume = volumes.get(mount["name"], {})
+            folder = tmp / "volumes" / mount["name"]
+            if "emptyDir" in volume:
+                folder.mkdir(parents=True)
+            elif "configMap" in volume:
+                cm = volume["configMap"]
+                obj = await self.core.read_namespaced_config_map(cm["name"], ns)
+                files: dict[str, bytes] = {k: v.encode() for k, v in (obj.data or {}).items()}
+                files |= {k: base64.b64decode(v) for k, v in (obj.binary_data or {}).items()}
+                items = cm.get("items")
+                if items is not None:
+                    files = {i["path"]: files[i["key"]] for i in items if i["key"] in files}
+                folder.mkdir(parents=True)
+                for path, content in files.items():
+                    (folder / path).parent.mkdir(parents=True, exist_ok=True)
+                    (folder / path).write_bytes(content)
+            else:
                 continue
-            data = (await self.core.read_namespaced_config_map(cm["name"], ns)).data or {}
-            folder = tmp / mount["name"]
-            folder.mkdir()
-            for key, value in data.items():
-                (folder / key).write_text(value)
-            args = [a.replace(mount["mountPath"], str(folder)) for a in args]
-        return args
+            folders[mount["mountPath"].rstrip("/")] = folder
+        return [_repath(a, folders) for a in args]
+
+    async def _credentials(self, pod: dict[str, Any], tmp: Path) -> Path | None:
+        """A kubeconfig with a token for the pod's ServiceAccount, bound to the pod, when
+        the pod would get one mounted; else None."""
+        spec, meta = pod["spec"], pod["metadata"]
+        account = spec.get("serviceAccountName")
+        if not account or spec.get("automountServiceAccountToken") is False:
+            return None
+        request = client.AuthenticationV1TokenRequest(
+            spec=client.V1TokenRequestSpec(
+                audiences=[],  # the apiserver's own
+                expiration_seconds=3600,
+                bound_object_ref=client.V1BoundObjectReference(
+                    api_version="v1", kind="Pod", name=meta["name"], uid=meta["uid"]
+                ),
+            )
+        )
+        answer = await self.core.create_namespaced_service_account_token(
+            account, meta["namespace"], request
+        )
+        cfg = self.api.configuration
+        cluster: dict[str, Any] = {"server": cfg.host}
+        if cfg.ssl_ca_cert:
+            cluster["certificate-authority"] = str(cfg.ssl_ca_cert)
+        path = tmp / "kubeconfig"
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "pod", "cluster": cluster}],
+                    "users": [{"name": account, "user": {"token": answer.status.token}}],
+                    "contexts": [
+                        {
+                            "name": "pod",
+                            "context": {
+                                "cluster": "pod",
+                                "user": account,
+                                "namespace": meta["namespace"],
+                            },
+                        }
+                    ],
+                    "current-context": "pod",
+                }
+            )
+        )
+        return path
 
     async def _run_job_pod(self, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]
@@ -347,6 +429,20 @@ class Runner:
             term = Path(tmp) / "termination-log"
             args = await self._materialize(pod, list(container.get("args", [])), Path(tmp))
             args = [await self._service_to_pod(a) for a in args]
+            # The pod's environment, not the runner's: no admin kubeconfig, no in-cluster
+            # variables of whatever cluster this machine may be in.
+            env = {
+                k: v
+                for k, v in os.environ.items()
+                if k != "KUBECONFIG" and not k.startswith("KUBERNETES_")
+            }
+            try:
+                kubeconfig = await self._credentials(pod, Path(tmp))
+            except client.ApiException as exc:
+                log.warning("No token for pod %s/%s: %s", ns, name, exc.reason)
+                kubeconfig = None
+            if kubeconfig is not None:
+                env["KUBECONFIG"] = str(kubeconfig)
             argv = [
                 sys.executable,
                 "-m",
@@ -360,12 +456,12 @@ class Runner:
             out_path.parent.mkdir(parents=True, exist_ok=True)
             with out_path.open("ab") as out:
                 proc = await asyncio.create_subprocess_exec(
-                    *argv, stdout=out, stderr=subprocess.STDOUT, cwd=str(REPO)
+                    *argv, stdout=out, stderr=subprocess.STDOUT, cwd=str(REPO), env=env
                 )
                 code = await proc.wait()
             message = term.read_text() if term.exists() else ""
         phase = "Succeeded" if code == 0 else "Failed"
-        log.info("Warmup pod %s/%s ended %s (exit %s).", ns, name, phase, code)
+        log.info("Job pod %s/%s ended %s (exit %s).", ns, name, phase, code)
         await self._patch_status(
             ns,
             name,
@@ -478,6 +574,14 @@ async def _main(kubeconfig: str, log_dir: Path) -> None:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+def _repath(arg: str, folders: dict[str, Path]) -> str:
+    """``arg`` with a path under a mount (the longest that matches) moved to its folder."""
+    for mount in sorted(folders, key=len, reverse=True):
+        if arg == mount or arg.startswith(mount + "/"):
+            return str(folders[mount]) + arg[len(mount) :]
+    return arg
 
 
 # --- as a background process ----------------------------------------------------------------
