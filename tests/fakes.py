@@ -21,6 +21,7 @@ class RecordingCluster:
     calls: list[tuple[str, str, str]] = field(default_factory=list)
     events: list[tuple[str, str, bool]] = field(default_factory=list)
     fail: dict[tuple[str, str], ApiError] = field(default_factory=dict)
+    status_owners: dict[Key, dict[str, str]] = field(default_factory=dict)
 
     def put(self, obj: Manifest) -> None:
         meta = obj["metadata"]
@@ -61,7 +62,13 @@ class RecordingCluster:
             and all(o["metadata"].get("labels", {}).get(a) == b for a, b in wanted.items())
         ]
 
-    async def apply(self, manifest: Manifest, *, subresource: str | None = None) -> Manifest:
+    async def apply(
+        self,
+        manifest: Manifest,
+        *,
+        subresource: str | None = None,
+        field_manager: str | None = None,
+    ) -> Manifest:
         kind = manifest["kind"] + (f"/{subresource}" if subresource else "")
         self.calls.append(("apply", kind, manifest["metadata"]["name"]))
         self._maybe_fail("apply", kind)
@@ -69,7 +76,18 @@ class RecordingCluster:
         key = (manifest["apiVersion"], manifest["kind"], meta.get("namespace"), meta["name"])
         current = copy.deepcopy(self.objects.get(key, {}))
         if subresource == "status":
-            current["status"] = copy.deepcopy(manifest["status"])
+            # Server-side apply at the granularity of status's top-level fields: a manager's
+            # apply replaces the fields it applied before and leaves other managers' alone.
+            manager = field_manager or "vllm-operator"
+            owned = self.status_owners.setdefault(key, {})
+            status = current.get("status") or {}
+            for name in [n for n, m in owned.items() if m == manager]:
+                status.pop(name, None)
+                owned.pop(name)
+            for name, value in manifest["status"].items():
+                status[name] = copy.deepcopy(value)
+                owned[name] = manager
+            current["status"] = status
         else:
             status = current.get("status")
             current = copy.deepcopy(manifest)
@@ -80,6 +98,31 @@ class RecordingCluster:
         current.setdefault("metadata", {}).setdefault("uid", f"uid-{kind}-{meta['name']}")
         self.objects[key] = current
         return copy.deepcopy(current)
+
+    async def patch(
+        self,
+        api_version: str,
+        kind: str,
+        name: str,
+        namespace: str | None,
+        patch: Manifest,
+        *,
+        subresource: str | None = None,
+        field_manager: str | None = None,
+    ) -> Manifest:
+        """A JSON merge patch; ``scale`` writes spec.replicas, as the apiserver does."""
+        full = kind + (f"/{subresource}" if subresource else "")
+        self.calls.append(("patch", full, name))
+        self._maybe_fail("patch", full)
+        key = (api_version, kind, namespace, name)
+        if key not in self.objects:
+            raise ApiError(404, "NotFound", f"{kind} {name} not found")
+        obj = self.objects[key]
+        if subresource == "scale":
+            obj.setdefault("spec", {})["replicas"] = patch["spec"]["replicas"]
+        else:
+            _merge(obj, patch)
+        return copy.deepcopy(obj)
 
     async def delete(
         self, api_version: str, kind: str, name: str, namespace: str | None = None
@@ -94,3 +137,14 @@ class RecordingCluster:
 
     def applied(self, kind: str) -> list[str]:
         return [name for verb, k, name in self.calls if verb == "apply" and k == kind]
+
+
+def _merge(target: Manifest, patch: Manifest) -> None:
+    """RFC 7386 merge: null deletes, objects merge, everything else replaces."""
+    for name, value in patch.items():
+        if value is None:
+            target.pop(name, None)
+        elif isinstance(value, dict) and isinstance(target.get(name), dict):
+            _merge(target[name], value)
+        else:
+            target[name] = copy.deepcopy(value)

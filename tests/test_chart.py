@@ -259,10 +259,11 @@ def test_the_agent_is_off_by_default_and_takes_its_own_image_and_namespace() -> 
 NAMESPACED_RULES = [
     (("inference.vllm-operator.dev",), ("inferenceservices",), ("get", "list", "watch")),
     (("inference.vllm-operator.dev",), ("inferenceservices/status",), ("patch",)),
+    (("inference.vllm-operator.dev",), ("inferenceservices/scale",), ("get", "patch")),
     (("apps",), ("deployments",), ("get", "list", "watch", "create", "patch")),
     (("",), ("services",), ("list", "watch", "create", "patch")),
     (("policy",), ("poddisruptionbudgets",), ("list", "watch", "create", "patch")),
-    (("",), ("pods",), ("list", "watch")),
+    (("",), ("pods",), ("list", "watch", "patch")),
     (("",), ("secrets", "persistentvolumeclaims"), ("get",)),
     (("",), ("events",), ("create",)),
 ]

@@ -18,6 +18,11 @@ PLURAL_GPU_NODE: Final = "gpunodes"
 
 # Server-side apply: one field manager for everything the operator writes.
 FIELD_MANAGER: Final = "vllm-operator"
+# ... except the autoscaler's writes (spec.replicas through the scale subresource, and
+# status.autoscaling), so the reconcile's apply of status never drops or fights them.
+AUTOSCALER_FIELD_MANAGER: Final = "vllm-operator-autoscaler"
+# The ReplicaSet controller removes pods with the lowest cost first.
+ANNOTATION_DELETION_COST: Final = "controller.kubernetes.io/pod-deletion-cost"
 
 # Our own prefix for annotations, labels and Kopf's bookkeeping.
 PREFIX: Final = GROUP

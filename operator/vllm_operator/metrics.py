@@ -28,3 +28,18 @@ API_REQUESTS: Final = Counter(
     "Requests the operator's reconcilers sent to the Kubernetes API (Kopf's watches aside).",
     ["verb", "resource"],
 )
+AUTOSCALER_SIGNAL: Final = Gauge(
+    "vllm_operator_autoscaler_signal",
+    "The autoscaling signal at the last reading (per-pod average for per-pod signals).",
+    ["namespace", "name", "metric"],
+)
+AUTOSCALER_DESIRED: Final = Gauge(
+    "vllm_operator_autoscaler_desired_replicas",
+    "Replicas the autoscaler decided at its last reading.",
+    ["namespace", "name"],
+)
+AUTOSCALER_DECISIONS: Final = Counter(
+    "vllm_operator_autoscaler_decisions_total",
+    "Autoscaler readings by decision (Steady, ScaleUp, ScaleDown, ScaleDownHeld, NoSignal).",
+    ["decision"],
+)

@@ -13,6 +13,7 @@ import logging
 import random
 from typing import Any
 
+import httpx
 import kopf
 from prometheus_client import start_http_server
 
@@ -32,6 +33,7 @@ from vllm_operator.constants import (
 from vllm_operator.k8s.api import ApiError
 from vllm_operator.k8s.client import KubeClient, load_config
 from vllm_operator.metrics import CONDITIONS, RECONCILE_SECONDS, RECONCILES
+from vllm_operator.reconcile.autoscale import autoscale_inference_service, http_scraper
 from vllm_operator.reconcile.benchmark import reconcile_inference_benchmark
 from vllm_operator.reconcile.inference_service import reconcile_inference_service
 from vllm_operator.reconcile.queue import WorkQueue
@@ -40,7 +42,7 @@ from vllm_operator.settings import OperatorSettings
 log = logging.getLogger("vllm_operator")
 # (kind, namespace, name) of the object to reconcile.
 Key = tuple[str, str, str]
-ISVC, BENCH = "isvc", "bench"
+ISVC, BENCH, SCALE = "isvc", "bench", "scale"
 
 
 def _settings(memo: Any) -> OperatorSettings:
@@ -72,6 +74,8 @@ async def _work(memo: Any, key: Key) -> float | None:
     kind, namespace, name = key
     if kind == BENCH:
         return await _work_benchmark(memo, key)
+    if kind == SCALE:
+        return await _work_autoscale(memo, key)
     api: KubeClient = memo.api
     queue: WorkQueue[Key] = memo.queue
     body = await api.get(API_VERSION, KIND_INFERENCE_SERVICE, name, namespace)
@@ -121,6 +125,32 @@ async def _work_benchmark(memo: Any, key: Key) -> float | None:
     return 5.0 if phase == "Pending" else None
 
 
+async def _work_autoscale(memo: Any, key: Key) -> float | None:
+    """One autoscaler reading; it schedules the next one itself while autoscaling is on."""
+    _, namespace, name = key
+    api: KubeClient = memo.api
+    queue: WorkQueue[Key] = memo.queue
+    body = await api.get(API_VERSION, KIND_INFERENCE_SERVICE, name, namespace)
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        queue.forget(key)
+        memo.scaling.discard(key)
+        return None
+    try:
+        again = await autoscale_inference_service(
+            api, body, states=memo.scaler_states, scrape=http_scraper(memo.http)
+        )
+    except ApiError as err:
+        log.warning(
+            "Autoscaler reading failed; retrying.",
+            extra={"object": f"{namespace}/{name}", "error": str(err)},
+        )
+        return queue.backoff(key)
+    queue.forget(key)
+    if again is None:
+        memo.scaling.discard(key)
+    return again
+
+
 async def _resync(memo: Any) -> None:
     """Every resync period, every InferenceService gets a reconcile (spread over the
     period, so a thousand objects do not arrive at once)."""
@@ -143,6 +173,12 @@ async def _resync(memo: Any) -> None:
                     (ISVC, meta["namespace"], meta["name"]),
                     random.uniform(0, settings.resync_seconds / 2),
                 )
+                scale = (SCALE, meta["namespace"], meta["name"])
+                if item.get("spec", {}).get("autoscaling", {}).get("enabled") and (
+                    scale not in memo.scaling
+                ):
+                    memo.scaling.add(scale)
+                    memo.queue.add(scale)
 
 
 @kopf.on.startup()
@@ -163,6 +199,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         start_http_server(ours.metrics_port)
     memo.api = KubeClient(await load_config(ours.kubeconfig))
     memo.queue = WorkQueue[Key](max_delay=ours.max_retry_seconds)
+    memo.http = httpx.AsyncClient()
+    memo.scaler_states = {}
+    memo.scaling = set()  # keys whose autoscaler readings are scheduled
     memo.tasks = [
         asyncio.create_task(memo.queue.run(lambda k: _work(memo, k), ours.workers)),
         asyncio.create_task(_resync(memo)),
@@ -178,12 +217,24 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
             await task
     if hasattr(memo, "api"):
         await memo.api.close()
+    if hasattr(memo, "http"):
+        await memo.http.aclose()
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL_INFERENCE_SERVICE)
-async def inference_service_event(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
-    if namespace:
-        memo.queue.add((ISVC, namespace, name))
+async def inference_service_event(
+    name: str, namespace: str | None, spec: kopf.Spec, status: kopf.Status, memo: Any, **_: Any
+) -> None:
+    if not namespace:
+        return
+    memo.queue.add((ISVC, namespace, name))
+    # Autoscaling (or its status to clear): the first reading now; each reading schedules
+    # the next, so events (including the autoscaler's own status writes) add nothing more.
+    scale = (SCALE, namespace, name)
+    wanted = bool((spec.get("autoscaling") or {}).get("enabled"))
+    if scale not in memo.scaling and (wanted or status.get("autoscaling")):
+        memo.scaling.add(scale)
+        memo.queue.add(scale)
 
 
 def _owner_event(body: kopf.Body, namespace: str | None, memo: Any) -> None:
@@ -244,6 +295,8 @@ def run(settings: OperatorSettings) -> None:
     )
     # Kopf announces every handled watch event at INFO; ours are on transitions only.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    # httpx logs every request at INFO: the autoscaler's /metrics readings would flood.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     liveness = f"http://0.0.0.0:{settings.health_port}/healthz" if settings.health_port else None
     kopf.run(
         standalone=True,

@@ -49,8 +49,29 @@ class ClusterAPI(Protocol):
         """Objects of a kind (in a namespace, or cluster-wide when None)."""
         ...
 
-    async def apply(self, manifest: Manifest, *, subresource: str | None = None) -> Manifest:
-        """Server-side apply under the operator's field manager, forcing ownership."""
+    async def apply(
+        self,
+        manifest: Manifest,
+        *,
+        subresource: str | None = None,
+        field_manager: str | None = None,
+    ) -> Manifest:
+        """Server-side apply under the operator's field manager (or ``field_manager``),
+        forcing ownership."""
+        ...
+
+    async def patch(
+        self,
+        api_version: str,
+        kind: str,
+        name: str,
+        namespace: str | None,
+        patch: Manifest,
+        *,
+        subresource: str | None = None,
+        field_manager: str | None = None,
+    ) -> Manifest:
+        """A JSON merge patch (for a subresource such as ``scale``, or one annotation)."""
         ...
 
     async def delete(

@@ -129,15 +129,41 @@ class KubeClient:
         items: list[Manifest] = result.get("items", [])
         return items
 
-    async def apply(self, manifest: Manifest, *, subresource: str | None = None) -> Manifest:
+    async def apply(
+        self,
+        manifest: Manifest,
+        *,
+        subresource: str | None = None,
+        field_manager: str | None = None,
+    ) -> Manifest:
         meta = manifest["metadata"]
         res = resource_for(manifest["apiVersion"], manifest["kind"])
         path = res.path(meta.get("namespace"), meta["name"])
         if subresource:
             path += f"/{subresource}"
-        query = [("fieldManager", self._field_manager), ("force", "true")]
+        query = [("fieldManager", field_manager or self._field_manager), ("force", "true")]
         obj: Manifest = await self._call(
             "PATCH", path, query=query, body=manifest, content_type="application/apply-patch+yaml"
+        )
+        return obj
+
+    async def patch(
+        self,
+        api_version: str,
+        kind: str,
+        name: str,
+        namespace: str | None,
+        patch: Manifest,
+        *,
+        subresource: str | None = None,
+        field_manager: str | None = None,
+    ) -> Manifest:
+        path = resource_for(api_version, kind).path(namespace, name)
+        if subresource:
+            path += f"/{subresource}"
+        query = [("fieldManager", field_manager or self._field_manager)]
+        obj: Manifest = await self._call(
+            "PATCH", path, query=query, body=patch, content_type="application/merge-patch+json"
         )
         return obj
 

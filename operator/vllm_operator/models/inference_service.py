@@ -339,32 +339,79 @@ class WarmupSpec(ApiModel):
     )
 
 
-AutoscalingMetric = Literal["RequestsWaiting", "RequestsRunning", "KVCacheUsage", "TTFTP90"]
+AutoscalingMetric = Literal[
+    "RequestsWaiting", "RequestsRunning", "KVCacheUsage", "TTFTP90", "TTFTP99"
+]
+AutoscalingMode = Literal["Operator", "HPA"]
+PER_POD_METRICS: tuple[str, ...] = ("RequestsWaiting", "RequestsRunning", "KVCacheUsage")
 
 
 class AutoscalingSpec(ApiModel):
     """Follow the load on vLLM's own signals."""
 
     enabled: bool = Field(default=False, description="Turn autoscaling on.")
+    mode: AutoscalingMode = Field(
+        default="Operator",
+        description="Operator: the operator reads each Ready pod's /metrics every "
+        "periodSeconds and sets spec.replicas through the scale subresource (no metrics "
+        "adapter needed). HPA: the operator renders an autoscaling/v2 "
+        "HorizontalPodAutoscaler on a Pods metric that your metrics adapter serves.",
+    )
     min_replicas: int = Field(default=1, ge=0, le=1000, description="Fewest replicas.")
     max_replicas: int = Field(default=4, ge=1, le=1000, description="Most replicas.")
     metric: AutoscalingMetric = Field(
         default="RequestsWaiting",
         description="Signal, read from each pod's /metrics: requests waiting or running per "
-        "pod, KV-cache usage (0-1), or TTFT P90 in seconds.",
+        "pod (vllm:num_requests_waiting, vllm:num_requests_running), KV-cache usage per pod "
+        "(vllm:kv_cache_usage_perc, 0-1), or the service's TTFT P90/P99 in seconds over "
+        "the last period (vllm:time_to_first_token_seconds).",
     )
     target: str = Field(
         default="4",
         pattern=r"^[0-9]+(\.[0-9]+)?$",
-        description="Target value of the signal per pod, as a decimal string.",
+        description="Target value of the signal (per pod for the per-pod signals), as a "
+        "decimal string greater than zero.",
+    )
+    metric_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        description="HPA mode: the Pods metric's name as your adapter serves it. Defaults "
+        "to vllm_num_requests_waiting, vllm_num_requests_running or vllm_kv_cache_usage_perc; "
+        "a TTFT signal needs it set.",
+    )
+    period_seconds: int = Field(
+        default=15,
+        ge=1,
+        le=600,
+        description="How often the signal is read, and the period of the scale-up and "
+        "scale-down rates.",
     )
     scale_up_window_seconds: int = Field(
-        default=0, ge=0, le=3600, description="Stabilisation window before scaling up."
+        default=0,
+        ge=0,
+        le=3600,
+        description="Stabilisation window before scaling up: the lowest recommendation of "
+        "the window is used.",
     )
     scale_down_window_seconds: int = Field(
-        default=300, ge=0, le=3600, description="Stabilisation window before scaling down."
+        default=300,
+        ge=0,
+        le=3600,
+        description="Stabilisation window before scaling down: the highest recommendation of "
+        "the window is used.",
     )
-    scale_to_zero: bool = Field(default=False, description="Allow minReplicas 0.")
+    scale_up_pods: int = Field(
+        default=4, ge=1, le=1000, description="Most replicas added per periodSeconds."
+    )
+    scale_down_pods: int = Field(
+        default=1, ge=1, le=1000, description="Most replicas removed per periodSeconds."
+    )
+    scale_to_zero: bool = Field(
+        default=False,
+        description="Allow minReplicas 0. A service at zero has no pod to read a signal "
+        "from: it comes back by kubectl scale (there is no request-holding activator).",
+    )
 
     model_config = cel_rules(
         {
@@ -377,6 +424,26 @@ class AutoscalingSpec(ApiModel):
             "message": "minReplicas 0 needs scaleToZero",
             "fieldPath": ".minReplicas",
         },
+        {
+            "rule": "self.target.matches('[1-9]')",
+            "message": "target must be greater than zero",
+            "fieldPath": ".target",
+        },
+        {
+            "rule": "self.metric != 'KVCacheUsage' || double(self.target) <= 1.0",
+            "message": "a KVCacheUsage target is a fraction, at most 1",
+            "fieldPath": ".target",
+        },
+        {
+            "rule": "self.mode != 'HPA' || !self.metric.startsWith('TTFT') || has(self.metricName)",
+            "message": "a TTFT signal in HPA mode needs metricName (the adapter's name for it)",
+            "fieldPath": ".metricName",
+        },
+        {
+            "rule": "self.mode != 'HPA' || self.minReplicas >= 1",
+            "message": "HPA mode cannot scale to zero (the HPA needs minReplicas >= 1)",
+            "fieldPath": ".minReplicas",
+        },
     )
 
     @model_validator(mode="after")
@@ -385,6 +452,14 @@ class AutoscalingSpec(ApiModel):
             raise ValueError("minReplicas must not exceed maxReplicas")
         if self.min_replicas == 0 and not self.scale_to_zero:
             raise ValueError("minReplicas 0 needs scaleToZero")
+        if float(self.target) <= 0:
+            raise ValueError("target must be greater than zero")
+        if self.metric == "KVCacheUsage" and float(self.target) > 1:
+            raise ValueError("a KVCacheUsage target is a fraction, at most 1")
+        if self.mode == "HPA" and self.metric.startswith("TTFT") and not self.metric_name:
+            raise ValueError("a TTFT signal in HPA mode needs metricName")
+        if self.mode == "HPA" and self.min_replicas < 1:
+            raise ValueError("HPA mode cannot scale to zero (the HPA needs minReplicas >= 1)")
         return self
 
 
@@ -560,6 +635,37 @@ class BenchmarkSummary(ApiModel):
     slo_attainment: float | None = Field(default=None, description="Share meeting the SLO.")
 
 
+AutoscalingDecision = Literal["Steady", "ScaleUp", "ScaleDown", "ScaleDownHeld", "NoSignal"]
+
+
+class AutoscalingStatus(ApiModel):
+    """What the autoscaler saw and decided at its last reading (Operator mode), written by
+    the autoscaler under its own field manager."""
+
+    mode: AutoscalingMode = Field(description="Operator or HPA.")
+    metric: AutoscalingMetric = Field(description="The signal.")
+    target: str = Field(description="The target value of the signal.")
+    current_value: str | None = Field(
+        default=None,
+        description="The signal at the last reading (per-pod average for per-pod signals).",
+    )
+    pods_read: int | None = Field(default=None, description="Pods whose /metrics were read.")
+    current_replicas: int | None = Field(default=None, description="spec.replicas when read.")
+    desired_replicas: int | None = Field(
+        default=None, description="Replicas after stabilisation, bounds, rates and holds."
+    )
+    decision: AutoscalingDecision | None = Field(
+        default=None, description="Steady, ScaleUp, ScaleDown, ScaleDownHeld or NoSignal."
+    )
+    message: str | None = Field(default=None, description="Why, in words.")
+    last_scale_time: datetime | None = Field(
+        default=None, description="When the autoscaler last changed spec.replicas."
+    )
+    horizontal_pod_autoscaler: str | None = Field(
+        default=None, description="HPA mode: the HorizontalPodAutoscaler's name."
+    )
+
+
 class InferenceServiceStatus(ApiModel):
     """Observed state of an InferenceService, computed by the operator."""
 
@@ -582,6 +688,9 @@ class InferenceServiceStatus(ApiModel):
     warmup: WarmupStatus | None = Field(default=None, description="Warmup results.")
     last_benchmark: BenchmarkSummary | None = Field(
         default=None, description="The last benchmark of this service."
+    )
+    autoscaling: AutoscalingStatus | None = Field(
+        default=None, description="The autoscaler's last reading and decision."
     )
 
 

@@ -29,6 +29,7 @@ from vllm_operator.reconcile.plan import plan_inference_service
 from vllm_operator.reconcile.status import Observed, Problem, compute_status
 from vllm_operator.reconcile.warmup import reconcile_warmups
 from vllm_operator.render.deployment import build_deployment, gpus_per_replica
+from vllm_operator.render.hpa import build_hpa, hpa_name
 from vllm_operator.render.meta import deployment_name, selector_string
 from vllm_operator.render.pdb import build_pdb
 from vllm_operator.render.service import build_service
@@ -127,6 +128,17 @@ async def find_problems(
                 )
             )
     return problems
+
+
+async def _drop_hpa(api: ClusterAPI, isvc: InferenceService) -> None:
+    """Autoscaling off or in Operator mode: the HPA we rendered before (if any) goes."""
+    ns = isvc.metadata.namespace
+    hpa = await api.get("autoscaling/v2", "HorizontalPodAutoscaler", hpa_name(isvc), ns)
+    if hpa is None:
+        return
+    owners = hpa["metadata"].get("ownerReferences") or []
+    if any(o.get("controller") and o.get("uid") == isvc.metadata.uid for o in owners):
+        await api.delete("autoscaling/v2", "HorizontalPodAutoscaler", hpa_name(isvc), ns)
 
 
 def _stored_status(body: Manifest) -> InferenceServiceStatus | None:
@@ -239,6 +251,11 @@ async def reconcile_inference_service(
 
     deployment: Manifest | None = None
     children = [build_service(isvc), build_pdb(isvc)]
+    auto = isvc.spec.autoscaling
+    if auto.enabled and auto.mode == "HPA":
+        children.append(build_hpa(isvc, scale_down_held=blocked_by is not None))
+    else:
+        await _drop_hpa(api, isvc)
     if planned.does_not_fit is None:
         # Never a Deployment that will run out of memory: when nothing fits, the one
         # running (if any) stays as it is until the spec or the nodes change.
@@ -286,6 +303,10 @@ async def reconcile_inference_service(
     )
     status = compute_status(isvc, observed, now=now)
     old = _stored_status(body)
+    # status.autoscaling belongs to the autoscaler (its own field manager): not ours to
+    # compare, and our apply, which leaves it out, keeps it.
+    if old is not None:
+        old = old.model_copy(update={"autoscaling": None})
     if old != status:
         await _write_status(api, body, status.to_wire())
         await _events(api, body, old, status)

@@ -1,0 +1,385 @@
+"""Autoscaling on the real control plane.
+
+With real CPU vLLM pods (marked ``vllm``): load from the load generator raises vLLM's own
+signal and the replicas go up to the limit, the new pod taking traffic only once warmed
+up; a benchmark holds the scale-down that the signal asks for; after it, the replicas come
+down, the least loaded pod first (the older one here, which the ReplicaSet would otherwise
+keep), and the load generator counts no failed request. The test prints the timeline of
+replicas and signal.
+
+HPA mode: the real HPA controller of kube-controller-manager takes the rendered
+HorizontalPodAutoscaler (it reads the InferenceService's scale subresource), and a
+benchmark's lock turns its scale-down off.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e.cluster.cluster import ClusterHandle
+from e2e.operator_fixtures import OperatorProcess, crds, operator_process, pod_runner  # noqa: F401
+from e2e.test_operator import _condition, _get, _wait
+from e2e.test_warmup import _isvc, _pods
+
+GROUP = "inference.vllm-operator.dev"
+
+
+@pytest.fixture
+def ns(operator_process: OperatorProcess) -> Iterator[str]:  # noqa: F811
+    cluster = operator_process.cluster
+    name = f"e2e-autoscale-{int(time.time() * 1000) % 1000000}"
+    cluster.kubectl("create", "namespace", name)
+    cluster.kubectl("wait", "--for=create", "serviceaccount/default", "-n", name, "--timeout=60s")
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    cluster.kubectl(
+        "delete", "pods", "--all", "-n", name, "--wait=true", "--timeout=60s", check=False
+    )
+
+
+class Load:
+    """``vllm-operator bench`` against one pod, closed loop, as a child process."""
+
+    def __init__(
+        self, url: str, out: Path, *, concurrency: int, seconds: int, tokens: int, stream: bool
+    ):
+        self.out = out
+        self.proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "vllm_operator.cli", "bench",
+                "--endpoint", url, "--api", "completions",
+                "--arrival", "closed", "--concurrency", str(concurrency),
+                "--duration", str(seconds),
+                "--prompt-tokens", "32", "--output-tokens", str(tokens),
+                "--request-timeout", "120",
+                "--output-dir", str(out), "--no-html", "--no-progress", "--seed", "7",
+                *([] if stream else ["--no-stream"]),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )  # fmt: skip
+
+    def result(self, timeout: float) -> dict[str, Any]:
+        """Requests sent and failed (errors by kind) once the run is over."""
+        output, _ = self.proc.communicate(timeout=timeout)
+        assert self.proc.returncode == 0, output[-3000:]
+        status = json.loads((self.out / "status.json").read_text())
+        level = status["levels"][0]
+        return {
+            "requests": level["requests"],
+            "failed": level.get("failed", 0),
+            "errors": level.get("errorsByKind", {}),
+        }
+
+
+class Timeline:
+    """Replicas and signal every second, from the InferenceService's status."""
+
+    def __init__(self, cluster: ClusterHandle, ns: str, name: str) -> None:
+        self.rows: list[tuple[float, int, int, str, str]] = []
+        self._stop = threading.Event()
+        self._start = time.monotonic()
+        self._args = (cluster, ns, name)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        cluster, ns, name = self._args
+        while not self._stop.is_set():
+            obj = _get(cluster, ns, "isvc", name) or {}
+            auto = obj.get("status", {}).get("autoscaling") or {}
+            self.rows.append(
+                (
+                    time.monotonic() - self._start,
+                    int(obj.get("spec", {}).get("replicas", -1)),
+                    int(obj.get("status", {}).get("readyReplicas") or 0),
+                    str(auto.get("currentValue")),
+                    str(auto.get("decision")),
+                )
+            )
+            self._stop.wait(1.0)
+
+    def mark(self, what: str) -> None:
+        self.rows.append((time.monotonic() - self._start, -1, -1, "", f"-- {what}"))
+
+    def stop(self) -> str:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        lines = ["  t(s)  replicas  ready  running/pod  decision"]
+        last = None
+        for t, replicas, ready, value, decision in self.rows:
+            if replicas < 0:
+                lines.append(f"{t:6.1f}  {decision}")
+                continue
+            if (replicas, ready, value, decision) == last:
+                continue
+            last = (replicas, ready, value, decision)
+            lines.append(f"{t:6.1f}  {replicas:8d}  {ready:5d}  {value:>11}  {decision}")
+        return "\n".join(lines)
+
+
+def _bench(name: str, target: str, seconds: int) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/v1alpha1",
+        "kind": "InferenceBenchmark",
+        "metadata": {"name": name},
+        "spec": {
+            "targetRef": {"name": target},
+            "workload": {
+                "promptTokens": {"type": "Fixed", "value": 16},
+                "outputTokens": {"type": "Fixed", "value": 4},
+            },
+            "arrival": {"process": "Poisson", "ratePerSecond": 0.5},
+            "durationSeconds": seconds,
+            "endpoint": {"api": "Completions", "stream": True},
+            "seed": 3,
+        },
+    }
+
+
+def _url(pod: dict[str, Any]) -> str:
+    return f"http://{pod['status']['podIP']}:8000"
+
+
+@pytest.mark.vllm
+def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
+    operator_process: OperatorProcess,  # noqa: F811
+    pod_runner: int,  # noqa: F811
+    ns: str,
+    tmp_path: Path,
+) -> None:
+    cluster = operator_process.cluster
+    if not operator_process.alive():
+        operator_process.start()
+    # Longer than a second CPU vLLM takes to start and warm up on two cores, so the pod the
+    # load asked for is not removed before it serves.
+    window = 120
+    cluster.apply(
+        _isvc(
+            "auto",
+            "vllm",
+            replicas=1,
+            autoscaling={
+                "enabled": True,
+                "metric": "RequestsRunning",
+                "target": "3",
+                "minReplicas": 1,
+                "maxReplicas": 2,
+                "periodSeconds": 2,
+                "scaleUpWindowSeconds": 0,
+                "scaleDownWindowSeconds": window,
+            },
+        ),
+        namespace=ns,
+    )
+    _wait(
+        lambda: (
+            (i := _get(cluster, ns, "isvc", "auto"))
+            and i.get("status", {}).get("readyReplicas") == 1
+        ),
+        "the first replica to be warmed up and Ready",
+        timeout=300,
+    )
+    (first,) = _pods(cluster, ns, "auto")
+    timeline = Timeline(cluster, ns, "auto")
+    loads: list[Load] = []
+    try:
+        # Heavy load on the only pod until the autoscaler asks for more. Not streamed: it is
+        # the server's load that counts, and the client shares two cores with everything.
+        timeline.mark("heavy load on the first pod (8 requests in flight)")
+        heavy = Load(
+            _url(first), tmp_path / "heavy", concurrency=8, seconds=20, tokens=96, stream=False
+        )
+        loads.append(heavy)
+        _wait(
+            lambda: (_get(cluster, ns, "isvc", "auto") or {}).get("spec", {}).get("replicas") == 2,
+            "the scale-up",
+            timeout=60,
+        )
+        timeline.mark("scaled up; the heavy load ends after its 20 s")
+        heavy.proc.wait(timeout=120)
+        # The new pod takes traffic only once warmed up; the replicas stay meanwhile (the
+        # scale-down window has not passed).
+        isvc = _wait(
+            lambda: (
+                (i := _get(cluster, ns, "isvc", "auto"))
+                and i.get("status", {}).get("readyReplicas") == 2
+                and i
+            ),
+            "the second pod to be warmed up and Ready",
+            timeout=window - 10,
+        )
+        timeline.mark("the second pod is warmed up and Ready")
+        assert isvc["spec"]["replicas"] == 2  # the limit, not ceil(8 / 3) = 3
+        auto = isvc["status"]["autoscaling"]
+        assert auto["mode"] == "Operator" and auto["metric"] == "RequestsRunning"
+        events = _get(cluster, ns, "events", "--field-selector", "reason=ScaledUp") or {"items": []}
+        assert events["items"], "no ScaledUp event"
+        second = next(p for p in _pods(cluster, ns, "auto") if p["metadata"]["name"] !=
+                      first["metadata"]["name"])  # fmt: skip
+
+        # A benchmark starts; light load goes to the newer pod only.
+        cluster.apply(_bench("hold", "auto", 90), namespace=ns)
+        _wait(
+            lambda: (
+                (b := _get(cluster, ns, "inferencebenchmark", "hold"))
+                and b.get("status", {}).get("phase") == "Running"
+            ),
+            "the benchmark to run",
+            timeout=120,
+        )
+        timeline.mark("benchmark 'hold' runs; light load (1 in flight) on the second pod")
+        light = Load(
+            _url(second), tmp_path / "light", concurrency=1, seconds=130, tokens=256, stream=True
+        )
+        loads.append(light)
+
+        # The signal asks for one replica; the benchmark holds it.
+        held = _wait(
+            lambda: (
+                (i := _get(cluster, ns, "isvc", "auto"))
+                and (i["status"].get("autoscaling") or {}).get("decision") == "ScaleDownHeld"
+                and i
+            ),
+            "the scale-down to be held",
+            timeout=window + 30,
+        )
+        assert "InferenceBenchmark hold" in held["status"]["autoscaling"]["message"]
+        blocked = _condition(held, "ScaleDownBlocked")
+        assert blocked.get("status") == "True" and "hold" in blocked.get("message", "")
+        while (b := _get(cluster, ns, "inferencebenchmark", "hold")) and b.get("status", {}).get(
+            "phase"
+        ) not in ("Succeeded", "Failed"):
+            assert _get(cluster, ns, "isvc", "auto")["spec"]["replicas"] == 2, (  # type: ignore[index]
+                "scaled down during the benchmark"
+            )
+            time.sleep(1)
+        timeline.mark("benchmark over")
+
+        # Now it scales down, and the pod that goes is the idle, older one.
+        _wait(
+            lambda: (i := _get(cluster, ns, "isvc", "auto")) and i["spec"]["replicas"] == 1,
+            "the scale-down after the benchmark",
+            timeout=60,
+        )
+        _wait(lambda: len(_pods(cluster, ns, "auto")) == 1, "one pod left", timeout=60)
+        timeline.mark("scaled down to one pod")
+        (left,) = _pods(cluster, ns, "auto")
+        assert left["metadata"]["name"] == second["metadata"]["name"], (
+            "the busy pod was removed instead of the idle one"
+        )
+        results = [load.result(timeout=200) for load in loads]
+    finally:
+        for load in loads:
+            if load.proc.poll() is None:
+                load.proc.kill()
+        print("\nAutoscaling timeline (this run):\n" + timeline.stop())
+    for r in results:
+        assert r["requests"] > 0
+        assert r["failed"] == 0 and not r["errors"], results
+    counts = [(r["requests"], r["failed"]) for r in results]
+    print("load generator runs (requests, failed):", counts)
+
+
+def test_hpa_mode_hands_the_real_hpa_controller_the_scale_subresource_and_the_lock(
+    operator_process: OperatorProcess,  # noqa: F811
+    pod_runner: int,  # noqa: F811
+    ns: str,
+) -> None:
+    cluster = operator_process.cluster
+    if not operator_process.alive():
+        operator_process.start()
+    cluster.apply(
+        {
+            "apiVersion": f"{GROUP}/v1alpha1",
+            "kind": "InferenceService",
+            "metadata": {"name": "hpa"},
+            "spec": {
+                "model": {"name": "fake", "source": {"image": {"path": "/models/fake"}}},
+                "replicas": 1,
+                "gpu": {"count": 1},
+                "warmup": {"enabled": False},
+                "autoscaling": {
+                    "enabled": True,
+                    "mode": "HPA",
+                    "metric": "RequestsWaiting",
+                    "target": "0.5",
+                    "periodSeconds": 2,
+                },
+                "podTemplate": {"annotations": {"e2e.vllm-operator.dev/runner": "fake-slow"}},
+            },
+        },
+        namespace=ns,
+    )
+
+    def hpa_condition(type_: str) -> dict[str, Any]:
+        return _condition(_get(cluster, ns, "hpa", "hpa"), type_)
+
+    # The real HPA controller read the InferenceService's scale subresource ...
+    _wait(lambda: hpa_condition("AbleToScale").get("status") == "True", "AbleToScale", 90)
+    # ... and, with no metrics adapter in this cluster, says it cannot get the metric.
+    active = _wait(lambda: hpa_condition("ScalingActive") or None, "ScalingActive", 90)
+    assert "vllm_num_requests_waiting" in active.get("message", ""), active
+    hpa = _get(cluster, ns, "hpa", "hpa")
+    assert hpa is not None
+    assert hpa["spec"]["metrics"][0]["pods"]["target"]["averageValue"] in ("500m", "0.5")
+    assert hpa["spec"]["behavior"]["scaleDown"]["selectPolicy"] == "Max"
+    _wait(
+        lambda: ((_get(cluster, ns, "isvc", "hpa") or {}).get("status", {}).get("autoscaling")
+                 or {}).get("horizontalPodAutoscaler") == "hpa",
+        "status.autoscaling to name the HPA",
+        30,
+    )  # fmt: skip
+
+    # A benchmark's lock (its load Job) turns the HPA's scale-down off, and back on after.
+    cluster.apply(
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {
+                "name": "lock",
+                "labels": {
+                    f"{GROUP}/scale-down-lock": "true",
+                    f"{GROUP}/lock-target": "hpa",
+                    f"{GROUP}/inference-benchmark": "lock",
+                },
+            },
+            # Suspended: no pod runs (kwok would complete it at once), and it never
+            # finishes, so the lock holds until the Job is deleted.
+            "spec": {
+                "suspend": True,
+                "template": {
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "containers": [{"name": "c", "image": "none"}],
+                    }
+                },
+            },
+        },
+        namespace=ns,
+    )
+
+    def select_policy() -> str:
+        found = _get(cluster, ns, "hpa", "hpa") or {}
+        return str(found["spec"]["behavior"]["scaleDown"]["selectPolicy"])
+
+    _wait(lambda: _get(cluster, ns, "job", "lock", ) and select_policy() == "Disabled",
+          "scale-down Disabled", 60)  # fmt: skip
+    cluster.kubectl("delete", "job", "lock", "-n", ns)
+    _wait(lambda: select_policy() == "Max", "scale-down back on", 60)
+    # Autoscaling off: the HPA goes.
+    cluster.kubectl(
+        "patch", "isvc", "hpa", "-n", ns, "--type=merge",
+        "-p", '{"spec": {"autoscaling": {"enabled": false}}}',
+    )  # fmt: skip
+    _wait(lambda: _get(cluster, ns, "hpa", "hpa") is None, "the HPA to go", 60)

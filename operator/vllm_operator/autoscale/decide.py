@@ -1,0 +1,198 @@
+"""Signal → desired replicas, with the HorizontalPodAutoscaler's rules.
+
+The same rules as the HPA controller, so a service behaves alike in both modes:
+
+- per-pod signals (requests waiting or running, KV-cache usage) are averaged over the pods
+  read; the recommendation is ``ceil(sum / target)``, which counts pods still warming up as
+  idle, so a scale-up in progress is not repeated while new pods start;
+- a service-wide signal (a TTFT percentile) scales the current replicas by
+  ``value / target``;
+- nothing changes while the signal is within 10 % of the target (the HPA's tolerance);
+- stabilisation: a scale-up uses the lowest recommendation of the scale-up window, a
+  scale-down the highest of the scale-down window;
+- rates: at most ``scaleUpPods`` added and ``scaleDownPods`` removed per period;
+- bounds: min and max replicas;
+- a scale-down is held while a benchmark of the service runs (scale-up is not).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from vllm_operator.autoscale.signals import PodLoad, PodReading, delta, load, merge, quantile
+from vllm_operator.models.inference_service import (
+    PER_POD_METRICS,
+    AutoscalingDecision,
+    AutoscalingSpec,
+)
+
+TOLERANCE = 0.1
+_QUANTILES = {"TTFTP90": 0.9, "TTFTP99": 0.99}
+
+
+@dataclass
+class ScalerState:
+    """What one service's autoscaler remembers between readings (in memory, as the HPA
+    controller does). It starts with the current replicas as a floor for scale-down, so a
+    scale-down after an operator restart still waits a whole window."""
+
+    recommendations: list[tuple[float, int]] = field(default_factory=list)
+    # (time, replicas) when the autoscaler started: a floor for scale-down for one window.
+    seed: tuple[float, int] | None = None
+    changes: list[tuple[float, int]] = field(default_factory=list)
+    # The previous reading of each pod, with its time: baselines for averages and deltas.
+    previous: dict[str, tuple[float, PodReading]] = field(default_factory=dict)
+
+    @classmethod
+    def seeded(cls, now: float, replicas: int) -> ScalerState:
+        return cls(seed=(now, replicas))
+
+    def record_change(self, now: float, change: int) -> None:
+        self.changes.append((now, change))
+
+    def prune(self, now: float, keep_seconds: float) -> None:
+        self.recommendations = [r for r in self.recommendations if r[0] > now - keep_seconds]
+        self.changes = [c for c in self.changes if c[0] > now - keep_seconds]
+
+
+@dataclass(frozen=True)
+class Signal:
+    """The signal's value (None: nothing to read), the raw recommendation, and each read
+    pod's load (for the deletion costs)."""
+
+    value: float | None
+    recommendation: int | None
+    pods: int
+    loads: dict[str, PodLoad] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Decision:
+    desired: int
+    decision: AutoscalingDecision
+    message: str
+
+
+def _per_pod(metric: str, reading: PodReading, pod_load: PodLoad) -> float:
+    if metric == "RequestsWaiting":
+        return pod_load.waiting
+    if metric == "RequestsRunning":
+        return pod_load.running
+    return reading.kv_cache_usage
+
+
+def signal(
+    spec: AutoscalingSpec,
+    readings: list[PodReading],
+    current: int,
+    state: ScalerState,
+    now: float,
+) -> Signal:
+    """The signal from this reading's pods; the baselines in ``state`` move forward."""
+    target = float(spec.target)
+    previous = state.previous
+    state.previous = {r.pod: (now, r) for r in readings}
+    loads: dict[str, PodLoad] = {}
+    for r in readings:
+        before = previous.get(r.pod)
+        loads[r.pod] = load(r, before[1] if before else None, now - before[0] if before else 0)
+    n = len(readings)
+    if spec.metric in PER_POD_METRICS:
+        if not readings:
+            return Signal(None, None, 0, loads)
+        total = sum(_per_pod(spec.metric, r, loads[r.pod]) for r in readings)
+        average = total / n
+        if abs(average / target - 1) <= TOLERANCE:
+            return Signal(average, current, n, loads)
+        return Signal(average, math.ceil(total / target - 1e-9), n, loads)
+    # A service-wide TTFT percentile over the observations since the last reading.
+    deltas = []
+    for r in readings:
+        before = previous.get(r.pod)
+        d = delta(r.ttft, before[1].ttft if before else None)
+        if d is not None:
+            deltas.append(d)
+    if not deltas:
+        return Signal(None, None, n, loads)
+    value = quantile(_QUANTILES[spec.metric], merge(deltas))
+    if value is None:
+        value = 0.0  # no request in the period: nothing to serve quickly
+    ratio = value / target
+    if abs(ratio - 1) <= TOLERANCE:
+        return Signal(value, current, n, loads)
+    return Signal(value, math.ceil(current * ratio - 1e-9), n, loads)
+
+
+def decide(
+    spec: AutoscalingSpec,
+    current: int,
+    sig: Signal,
+    state: ScalerState,
+    now: float,
+    *,
+    held_by: str | None = None,
+) -> Decision:
+    """The replicas to set now, and why."""
+    low, high = spec.min_replicas, spec.max_replicas
+    raw = sig.recommendation if sig.recommendation is not None else current
+    recommendation = min(max(raw, low), high)
+    history = state.recommendations
+    up = min(
+        (r for t, r in history if t > now - spec.scale_up_window_seconds),
+        default=recommendation,
+    )
+    down = max(
+        (r for t, r in history if t > now - spec.scale_down_window_seconds),
+        default=recommendation,
+    )
+    if state.seed is not None and state.seed[0] > now - spec.scale_down_window_seconds:
+        down = max(down, state.seed[1])
+    up, down = min(up, recommendation), max(down, recommendation)
+    history.append((now, recommendation))
+    stabilised = min(max(current, up), down)
+
+    period_from = now - spec.period_seconds
+    added = sum(c for t, c in state.changes if t > period_from and c > 0)
+    removed = -sum(c for t, c in state.changes if t > period_from and c < 0)
+    desired = stabilised
+    if desired > current:
+        desired = min(desired, max(current, current - added + spec.scale_up_pods))
+    elif desired < current:
+        desired = max(desired, min(current, current + removed - spec.scale_down_pods))
+    desired = min(max(desired, low), high)
+    state.prune(
+        now,
+        max(spec.scale_up_window_seconds, spec.scale_down_window_seconds, spec.period_seconds) + 1,
+    )
+
+    shown = "no reading" if sig.value is None else f"{sig.value:.3g}"
+    about = f"{spec.metric} {shown} (target {spec.target}, {sig.pods} pods read)"
+    if desired < current and held_by is not None:
+        return Decision(
+            current,
+            "ScaleDownHeld",
+            f"{about}: would scale down to {desired}, held while InferenceBenchmark "
+            f"{held_by} runs.",
+        )
+    if desired > current:
+        return Decision(desired, "ScaleUp", f"{about}: {current} → {desired} replicas.")
+    if desired < current:
+        return Decision(desired, "ScaleDown", f"{about}: {current} → {desired} replicas.")
+    if sig.value is None:
+        return Decision(current, "NoSignal", f"{about}: keeping {current} replicas.")
+    if recommendation < current:
+        return Decision(
+            current,
+            "Steady",
+            f"{about}: {recommendation} would do; waiting out the "
+            f"{spec.scale_down_window_seconds} s scale-down window.",
+        )
+    return Decision(current, "Steady", f"{about}: {current} replicas.")
+
+
+def deletion_costs(loads: dict[str, PodLoad]) -> dict[str, int]:
+    """Pod deletion cost (controller.kubernetes.io/pod-deletion-cost) from the requests each
+    pod holds: the ReplicaSet removes the lowest cost first, so the least loaded go first.
+    Scaled by 100 so that 0.4 and 0.1 requests in flight still rank apart."""
+    return {pod: round(100 * pod_load.in_flight) for pod, pod_load in loads.items()}

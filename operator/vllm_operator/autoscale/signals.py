@@ -1,0 +1,150 @@
+"""vLLM's Prometheus text → what the autoscaler reads from one pod.
+
+Names are vLLM's (v1 engine, 0.8 and later): ``vllm:num_requests_running``,
+``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc``, and the histograms
+``vllm:time_to_first_token_seconds``, ``vllm:e2e_request_latency_seconds`` and
+``vllm:request_queue_time_seconds``. A server with several engines (data parallel)
+reports one series per engine: counts and histograms are summed, KV-cache usage averaged.
+
+The request gauges are snapshots, taken when the engine reports its stats; on the CPU
+build we test with (vLLM 0.32) they read 0 through most of a steady load of 8 requests in
+flight. So the requests running and waiting are also measured as averages over the time
+between two readings, by Little's law: the growth of the summed latency of the requests
+that finished, divided by the time (``increase(e2e_sum) / Δt`` is the mean number of
+requests in the server; the queue-time sum gives the waiting part). The autoscaler takes
+the larger of snapshot and average, so a long request still running counts as well.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
+TTFT = "vllm:time_to_first_token_seconds"
+E2E_SUM = "vllm:e2e_request_latency_seconds_sum"
+QUEUE_SUM = "vllm:request_queue_time_seconds_sum"
+
+# Cumulative histogram: (upper bound, cumulative count), sorted, ending with +Inf.
+Buckets = tuple[tuple[float, float], ...]
+
+
+@dataclass(frozen=True)
+class PodReading:
+    """One pod's signals at one reading."""
+
+    pod: str
+    running: float
+    waiting: float
+    kv_cache_usage: float
+    ttft: Buckets
+    # Summed seconds that finished requests spent in the server, and queued (counters).
+    e2e_seconds: float = 0.0
+    queue_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class PodLoad:
+    """Requests running and waiting in one pod: the larger of the snapshot gauges and the
+    average since the previous reading."""
+
+    running: float
+    waiting: float
+
+    @property
+    def in_flight(self) -> float:
+        """Requests the pod holds: the ones a deletion would cut."""
+        return self.running + self.waiting
+
+
+def load(now: PodReading, before: PodReading | None, seconds: float) -> PodLoad:
+    """The pod's load, from this reading and the one ``seconds`` earlier (if any)."""
+    if before is None or seconds <= 0:
+        return PodLoad(now.running, now.waiting)
+    in_server = now.e2e_seconds - before.e2e_seconds
+    queued = now.queue_seconds - before.queue_seconds
+    if in_server < 0 or queued < 0:  # counters went down: the server restarted
+        return PodLoad(now.running, now.waiting)
+    return PodLoad(
+        max(now.running, (in_server - queued) / seconds),
+        max(now.waiting, queued / seconds),
+    )
+
+
+class MetricsError(ValueError):
+    """The text is not vLLM's metrics (no request gauges in it)."""
+
+
+def parse_metrics(pod: str, text: str) -> PodReading:
+    """Read one pod's /metrics text. Raises MetricsError when it lacks vLLM's gauges."""
+    gauges: dict[str, list[float]] = defaultdict(list)
+    sums: dict[str, float] = defaultdict(float)
+    buckets: dict[float, float] = defaultdict(float)
+    try:
+        families = list(text_string_to_metric_families(text))
+    except ValueError as err:
+        raise MetricsError(f"unparseable metrics: {err}") from err
+    for family in families:
+        for sample in family.samples:
+            if sample.name in (RUNNING, WAITING, KV_CACHE_USAGE):
+                gauges[sample.name].append(float(sample.value))
+            elif sample.name == f"{TTFT}_bucket":
+                buckets[float(sample.labels["le"])] += float(sample.value)
+            elif sample.name in (E2E_SUM, QUEUE_SUM):
+                sums[sample.name] += float(sample.value)
+    if RUNNING not in gauges or WAITING not in gauges:
+        raise MetricsError(f"no {RUNNING} / {WAITING} in the metrics")
+    kv = gauges.get(KV_CACHE_USAGE, [0.0])
+    return PodReading(
+        pod=pod,
+        running=sum(gauges[RUNNING]),
+        waiting=sum(gauges[WAITING]),
+        kv_cache_usage=sum(kv) / len(kv),
+        ttft=tuple(sorted(buckets.items())),
+        e2e_seconds=sums[E2E_SUM],
+        queue_seconds=sums[QUEUE_SUM],
+    )
+
+
+def delta(now: Buckets, before: Buckets | None) -> Buckets | None:
+    """Observations between two readings of one pod's histogram. None without a baseline;
+    a count that went down means the server restarted, so everything now is new."""
+    if before is None:
+        return None
+    old = dict(before)
+    if any(count < old.get(bound, 0.0) for bound, count in now):
+        return now
+    return tuple((bound, count - old.get(bound, 0.0)) for bound, count in now)
+
+
+def merge(histograms: list[Buckets]) -> Buckets:
+    """Sum histograms with the same bounds (pods of one service run one vLLM version)."""
+    total: dict[float, float] = defaultdict(float)
+    for hist in histograms:
+        for bound, count in hist:
+            total[bound] += count
+    return tuple(sorted(total.items()))
+
+
+def quantile(q: float, buckets: Buckets) -> float | None:
+    """The q-quantile of a cumulative histogram, linear within the bucket (as PromQL's
+    histogram_quantile does). None when it holds no observation. A quantile in the +Inf
+    bucket is reported as the highest finite bound."""
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank = q * buckets[-1][1]
+    lower, below = 0.0, 0.0
+    for bound, count in buckets:
+        if count >= rank:
+            if math.isinf(bound):
+                return lower
+            if count == below:
+                return bound
+            return lower + (bound - lower) * (rank - below) / (count - below)
+        lower, below = bound, count
+    return lower

@@ -1,0 +1,204 @@
+"""The scaling decision as table tests: signal → recommendation → stabilisation, rates,
+bounds and the benchmark hold; and the deletion-cost ordering."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from vllm_operator.autoscale.decide import ScalerState, Signal, decide, deletion_costs, signal
+from vllm_operator.autoscale.signals import PodLoad, PodReading
+from vllm_operator.models.inference_service import AutoscalingSpec
+
+
+def spec(**fields: Any) -> AutoscalingSpec:
+    base: dict[str, Any] = {
+        "enabled": True,
+        "minReplicas": 1,
+        "maxReplicas": 8,
+        "metric": "RequestsRunning",
+        "target": "4",
+        "periodSeconds": 15,
+        "scaleUpWindowSeconds": 0,
+        "scaleDownWindowSeconds": 60,
+        "scaleUpPods": 4,
+        "scaleDownPods": 1,
+    }
+    base.update(fields)
+    return AutoscalingSpec.model_validate(base)
+
+
+def pod(name: str, running: float = 0, waiting: float = 0, kv: float = 0.0) -> PodReading:
+    return PodReading(name, running, waiting, kv, ())
+
+
+def ttft(name: str, *counts: float) -> PodReading:
+    """A pod whose TTFT histogram has cumulative counts at 0.05, 0.1, 0.5, 1 s and +Inf."""
+    bounds = (0.05, 0.1, 0.5, 1.0, float("inf"))
+    return PodReading(name, 0, 0, 0.0, tuple(zip(bounds, counts, strict=True)))
+
+
+@pytest.mark.parametrize(
+    ("fields", "readings", "current", "value", "recommendation"),
+    [
+        # per pod: ceil(sum / target)
+        ({}, [pod("a", running=12)], 1, 12.0, 3),
+        ({}, [pod("a", running=6), pod("b", running=6)], 2, 6.0, 3),
+        # within 10 % of the target: no change
+        ({}, [pod("a", running=4.3), pod("b", running=4.1)], 2, 4.2, 2),
+        # pods still warming up are not read: they count as idle (no repeated scale-up)
+        ({}, [pod("a", running=12)], 3, 12.0, 3),
+        ({}, [pod("a", running=0), pod("b", running=1)], 2, 0.5, 1),
+        ({"metric": "RequestsWaiting", "target": "2"}, [pod("a", waiting=5)], 1, 5.0, 3),
+        (
+            {"metric": "KVCacheUsage", "target": "0.5"},
+            [pod("a", kv=0.9), pod("b", kv=0.9)],
+            2,
+            0.9,
+            4,
+        ),
+        ({}, [], 3, None, None),
+    ],
+)
+def test_signal_to_recommendation(
+    fields: dict[str, Any],
+    readings: list[PodReading],
+    current: int,
+    value: float | None,
+    recommendation: int | None,
+) -> None:
+    sig = signal(spec(**fields), readings, current, ScalerState(), 0.0)
+    assert sig.value == pytest.approx(value) if value is not None else sig.value is None
+    assert sig.recommendation == recommendation
+
+
+def test_a_ttft_percentile_comes_from_the_observations_since_the_last_reading() -> None:
+    s = spec(metric="TTFTP90", target="0.2")
+    state = ScalerState()
+    # First reading: no baseline, no signal.
+    first = signal(s, [ttft("a", 100, 100, 100, 100, 100)], 2, state, 0)
+    assert first.value is None and first.recommendation is None
+    # 100 new requests, 80 under 0.1 s and 20 in (0.1, 0.5]: P90 = 0.1 + 0.4 * 10/20.
+    second = signal(s, [ttft("a", 150, 180, 200, 200, 200)], 2, state, 15)
+    assert second.value == pytest.approx(0.3)
+    assert second.recommendation == 3  # ceil(2 * 0.3 / 0.2)
+    # Nothing new: nothing to serve quickly, the recommendation goes to zero (then min).
+    third = signal(s, [ttft("a", 150, 180, 200, 200, 200)], 3, state, 30)
+    assert third.value == 0.0 and third.recommendation == 0
+
+
+def test_a_restarted_pod_counts_all_its_observations_as_new() -> None:
+    s = spec(metric="TTFTP99", target="1")
+    state = ScalerState()
+    signal(s, [ttft("a", 500, 500, 500, 500, 500)], 1, state, 0)
+    sig = signal(s, [ttft("a", 0, 0, 10, 10, 10)], 1, state, 15)
+    assert sig.value is not None and 0.1 < sig.value <= 0.5
+
+
+def run(s: AutoscalingSpec, steps: list[tuple[float, int | None]], start: int) -> list[int]:
+    """Feed recommendations at times; apply each decision; return replicas after each."""
+    state = ScalerState.seeded(steps[0][0], start)
+    current, out = start, []
+    for now, rec in steps:
+        d = decide(s, current, Signal(1.0 if rec is not None else None, rec, 1), state, now)
+        if d.desired != current:
+            state.record_change(now, d.desired - current)
+            current = d.desired
+        out.append(current)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("fields", "start", "steps", "expected"),
+    [
+        # Scale-up is immediate with no window, limited to scaleUpPods per period.
+        ({}, 1, [(0, 3)], [3]),
+        ({"scaleUpPods": 2}, 1, [(0, 8), (5, 8), (16, 8), (32, 8)], [3, 3, 5, 7]),
+        # Bounds.
+        ({"maxReplicas": 4}, 1, [(0, 10)], [4]),
+        ({"minReplicas": 2}, 3, [(0, 0), (61, 0), (80, 0)], [3, 2, 2]),
+        # Scale-down waits the whole window (the seed counts: the window starts at start).
+        ({}, 3, [(0, 1), (30, 1), (59, 1), (61, 1)], [3, 3, 3, 2]),
+        # ... one pod per period.
+        ({}, 3, [(0, 1), (61, 1), (70, 1), (77, 1)], [3, 2, 2, 1]),
+        # A spike inside the window restarts the wait.
+        ({}, 2, [(0, 1), (40, 2), (70, 1), (99, 1), (101, 1)], [2, 2, 2, 2, 1]),
+        # Flapping below the window never scales down.
+        ({}, 2, [(t, 1 if t % 20 else 2) for t in range(0, 200, 10)], [2] * 20),
+        # A scale-up window takes the lowest recommendation of the window.
+        (
+            {"scaleUpWindowSeconds": 30},
+            1,
+            [(0, 1), (10, 4), (20, 2), (30, 4), (41, 4), (51, 4)],
+            [1, 1, 1, 2, 2, 4],
+        ),
+        # No signal: replicas stay (within bounds).
+        ({}, 3, [(0, None), (100, None)], [3, 3]),
+        ({"maxReplicas": 2}, 3, [(0, None)], [2]),
+        # Scale to zero when allowed.
+        ({"minReplicas": 0, "scaleToZero": True, "scaleDownWindowSeconds": 0}, 1, [(0, 0)], [0]),
+    ],
+)
+def test_stabilisation_rates_and_bounds(
+    fields: dict[str, Any],
+    start: int,
+    steps: list[tuple[float, int | None]],
+    expected: list[int],
+) -> None:
+    assert run(spec(**fields), steps, start) == expected
+
+
+def test_a_benchmark_holds_scale_down_but_not_scale_up() -> None:
+    s = spec(scaleDownWindowSeconds=0)
+    state = ScalerState.seeded(0, 3)
+    held = decide(s, 3, Signal(0.0, 1, 2), state, 10, held_by="load")
+    assert (held.desired, held.decision) == (3, "ScaleDownHeld")
+    assert "InferenceBenchmark load" in held.message
+    up = decide(s, 3, Signal(9.0, 5, 2), state, 20, held_by="load")
+    assert (up.desired, up.decision) == (5, "ScaleUp")
+    # After the benchmark, the held recommendation applies at once (its window is over).
+    after = decide(s, 5, Signal(0.0, 1, 2), state, 30)
+    assert (after.desired, after.decision) == (4, "ScaleDown")
+
+
+def test_decisions_say_why() -> None:
+    s = spec()
+    state = ScalerState.seeded(0, 2)
+    steady = decide(s, 2, Signal(1.0, 1, 2), state, 5)
+    assert steady.decision == "Steady"
+    assert "scale-down window" in steady.message
+    none = decide(s, 2, Signal(None, None, 0), state, 10)
+    assert none.decision == "NoSignal"
+
+
+def timed(name: str, e2e: float, queue: float, running: float = 0) -> PodReading:
+    return PodReading(name, running, 0, 0.0, (), e2e_seconds=e2e, queue_seconds=queue)
+
+
+def test_requests_in_flight_are_also_averaged_between_readings() -> None:
+    """Little's law: 30 s of request time in 10 s is 3 requests in the server on average,
+    of which 0.5 queued; the gauge (a snapshot) said 0. A long request the snapshot sees
+    running counts even when little finished."""
+    s = spec(target="1")
+    state = ScalerState()
+    first = signal(s, [timed("a", 100, 10), timed("b", 5, 0, running=2)], 2, state, 0)
+    assert first.value == pytest.approx(1.0)  # no baseline yet: the gauges alone
+    sig = signal(s, [timed("a", 130, 15), timed("b", 6, 0, running=2)], 2, state, 10)
+    assert sig.loads["a"] == PodLoad(running=2.5, waiting=0.5)
+    assert sig.loads["b"] == PodLoad(running=2.0, waiting=0.0)
+    assert sig.value == pytest.approx(2.25) and sig.recommendation == 5
+    waiting = signal(spec(metric="RequestsWaiting", target="1"),
+                     [timed("a", 160, 25)], 2, state, 20)  # fmt: skip
+    assert waiting.value == pytest.approx(1.0)
+    # A server that restarted (its sums went down) has no baseline.
+    restarted = signal(s, [timed("a", 1, 0)], 2, state, 30)
+    assert restarted.loads["a"] == PodLoad(0, 0)
+
+
+def test_the_least_loaded_pods_get_the_lowest_deletion_cost() -> None:
+    loads = {"busy": PodLoad(6, 2), "idle": PodLoad(0, 0), "light": PodLoad(0.4, 0)}
+    costs = deletion_costs(loads)
+    assert costs == {"busy": 800, "idle": 0, "light": 40}
+    # The ReplicaSet removes the lowest cost first.
+    assert sorted(costs, key=costs.__getitem__) == ["idle", "light", "busy"]
