@@ -27,6 +27,7 @@ import pytest
 
 from e2e.cluster.cluster import ClusterHandle
 from e2e.operator_fixtures import OperatorProcess, crds, operator_process, pod_runner  # noqa: F401
+from e2e.test_benchmark import _bench
 from e2e.test_operator import _condition, _get, _wait
 from e2e.test_warmup import _isvc, _pods
 
@@ -128,25 +129,6 @@ class Timeline:
         return "\n".join(lines)
 
 
-def _bench(name: str, target: str, seconds: int) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/v1alpha1",
-        "kind": "InferenceBenchmark",
-        "metadata": {"name": name},
-        "spec": {
-            "targetRef": {"name": target},
-            "workload": {
-                "promptTokens": {"type": "Fixed", "value": 16},
-                "outputTokens": {"type": "Fixed", "value": 4},
-            },
-            "arrival": {"process": "Poisson", "ratePerSecond": 0.5},
-            "durationSeconds": seconds,
-            "endpoint": {"api": "Completions", "stream": True},
-            "seed": 3,
-        },
-    }
-
-
 def _url(pod: dict[str, Any]) -> str:
     return f"http://{pod['status']['podIP']}:8000"
 
@@ -229,7 +211,9 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
                       first["metadata"]["name"])  # fmt: skip
 
         # A benchmark starts; light load goes to the newer pod only.
-        cluster.apply(_bench("hold", "auto", 90), namespace=ns)
+        bench = _bench("hold", "auto", 90)
+        bench["spec"]["arrival"]["ratePerSecond"] = 0.5
+        cluster.apply(bench, namespace=ns)
         _wait(
             lambda: (
                 (b := _get(cluster, ns, "inferencebenchmark", "hold"))

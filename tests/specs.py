@@ -20,6 +20,24 @@ BASE: dict[str, Any] = {
 }
 
 
+def lock_job(target: str = "chat", benchmark: str = "load") -> dict[str, Any]:
+    """A running load Job of a benchmark: the scale-down lock on ``target``."""
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": f"{benchmark}-load",
+            "namespace": "team-a",
+            "labels": {
+                "inference.vllm-operator.dev/scale-down-lock": "true",
+                "inference.vllm-operator.dev/lock-target": target,
+                "inference.vllm-operator.dev/inference-benchmark": benchmark,
+            },
+        },
+        "status": {"active": 1},
+    }
+
+
 def isvc(**spec: Any) -> InferenceService:
     """The base service with ``spec`` fields replaced (top-level keys of spec)."""
     body = copy.deepcopy(BASE)

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from tests.fakes import RecordingCluster
-from tests.specs import BASE
+from tests.specs import BASE, lock_job
 from vllm_operator.autoscale.decide import ScalerState
 from vllm_operator.reconcile.autoscale import autoscale_inference_service
 from vllm_operator.reconcile.inference_service import reconcile_inference_service
@@ -151,22 +151,7 @@ async def test_a_running_benchmark_holds_scale_down_and_says_which() -> None:
     _service(api, 2, scaleDownWindowSeconds=0)
     _pod(api, "chat-a", "10.0.0.1")
     m.by_ip["10.0.0.1"] = _metrics(running=0)
-    api.put(
-        {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": {
-                "name": "load-load",
-                "namespace": "team-a",
-                "labels": {
-                    "inference.vllm-operator.dev/scale-down-lock": "true",
-                    "inference.vllm-operator.dev/lock-target": "chat",
-                    "inference.vllm-operator.dev/inference-benchmark": "load",
-                },
-            },
-            "status": {"active": 1},
-        }
-    )
+    api.put(lock_job())
     await _read(api, states, m, clock)
     assert _replicas(api) == 2
     assert _status(api)["decision"] == "ScaleDownHeld"
@@ -228,21 +213,7 @@ async def test_hpa_mode_renders_an_hpa_and_drops_it_when_turned_off(held: bool) 
     api = RecordingCluster()
     _service(api, 1, mode="HPA", metric="RequestsWaiting", target="0.5")
     if held:
-        api.put(
-            {
-                "apiVersion": "batch/v1",
-                "kind": "Job",
-                "metadata": {
-                    "name": "load-load",
-                    "namespace": "team-a",
-                    "labels": {
-                        "inference.vllm-operator.dev/scale-down-lock": "true",
-                        "inference.vllm-operator.dev/lock-target": "chat",
-                    },
-                },
-                "status": {"active": 1},
-            }
-        )
+        api.put(lock_job())
     await reconcile_inference_service(api, api.objects[ISVC_KEY], settings=OperatorSettings())
     hpa = api.objects[("autoscaling/v2", "HorizontalPodAutoscaler", "team-a", "chat")]
     spec = hpa["spec"]

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from tests.fakes import RecordingCluster
-from tests.specs import BASE
+from tests.specs import BASE, lock_job
 from vllm_operator.reconcile.benchmark import reconcile_inference_benchmark
 from vllm_operator.reconcile.inference_service import reconcile_inference_service
 from vllm_operator.settings import OperatorSettings
@@ -299,21 +299,7 @@ async def test_the_operator_never_lowers_replicas_under_a_lock() -> None:
             "spec": {"replicas": 3},
         }
     )
-    lock_job = {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {
-            "name": "load-load",
-            "namespace": "team-a",
-            "labels": {
-                "inference.vllm-operator.dev/scale-down-lock": "true",
-                "inference.vllm-operator.dev/lock-target": "chat",
-                "inference.vllm-operator.dev/inference-benchmark": "load",
-            },
-        },
-        "status": {"active": 1},
-    }
-    api.put(lock_job)
+    api.put(lock_job())
     await reconcile_inference_service(api, body, settings=SETTINGS, now=NOW)
     dep = api.objects[("apps/v1", "Deployment", "team-a", "chat")]
     assert dep["spec"]["replicas"] == 3, "held at the running count, not lowered to 1"

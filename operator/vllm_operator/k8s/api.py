@@ -85,3 +85,21 @@ class ClusterAPI(Protocol):
     ) -> None:
         """Record an Event on an object."""
         ...
+
+
+async def apply_status(
+    api: ClusterAPI, body: Manifest, status: Manifest, *, field_manager: str | None = None
+) -> Manifest:
+    """Server-side apply of ``status`` to the status subresource of the object ``body``
+    (only its identity is sent besides the status)."""
+    meta = body["metadata"]
+    return await api.apply(
+        {
+            "apiVersion": body["apiVersion"],
+            "kind": body["kind"],
+            "metadata": {"name": meta["name"], "namespace": meta.get("namespace")},
+            "status": status,
+        },
+        subresource="status",
+        field_manager=field_manager,
+    )

@@ -40,7 +40,7 @@ from vllm_operator.constants import (
     AUTOSCALER_FIELD_MANAGER,
     KIND_INFERENCE_SERVICE,
 )
-from vllm_operator.k8s.api import ApiError, ClusterAPI, Manifest
+from vllm_operator.k8s.api import ApiError, ClusterAPI, Manifest, apply_status
 from vllm_operator.metrics import AUTOSCALER_DECISIONS, AUTOSCALER_DESIRED, AUTOSCALER_SIGNAL
 from vllm_operator.models import InferenceService
 from vllm_operator.models.inference_service import AutoscalingStatus
@@ -95,15 +95,10 @@ async def _write(api: ClusterAPI, body: Manifest, autoscaling: AutoscalingStatus
     new = autoscaling.to_wire() if autoscaling is not None else None
     if old == new:
         return
-    meta = body["metadata"]
-    await api.apply(
-        {
-            "apiVersion": API_VERSION,
-            "kind": KIND_INFERENCE_SERVICE,
-            "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
-            "status": {"autoscaling": new} if new is not None else {},
-        },
-        subresource="status",
+    await apply_status(
+        api,
+        body,
+        {"autoscaling": new} if new is not None else {},
         field_manager=AUTOSCALER_FIELD_MANAGER,
     )
 

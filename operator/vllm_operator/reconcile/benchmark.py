@@ -29,7 +29,7 @@ from vllm_operator.constants import (
     LABEL_LOCK_TARGET,
     LABEL_SCALE_DOWN_LOCK,
 )
-from vllm_operator.k8s.api import ClusterAPI, Manifest
+from vllm_operator.k8s.api import ClusterAPI, Manifest, apply_status
 from vllm_operator.models import InferenceBenchmark, InferenceBenchmarkStatus, InferenceService
 from vllm_operator.models.base import Condition, ConfigMapKeyReference
 from vllm_operator.models.inference_service import BenchmarkSummary
@@ -119,16 +119,7 @@ async def _write(
 ) -> None:
     if bench.status == status:
         return
-    meta = body["metadata"]
-    await api.apply(
-        {
-            "apiVersion": API_VERSION,
-            "kind": KIND_INFERENCE_BENCHMARK,
-            "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
-            "status": status.to_wire(),
-        },
-        subresource="status",
-    )
+    await apply_status(api, body, status.to_wire())
     old_phase = bench.status.phase if bench.status else None
     if status.phase != old_phase:
         ready = next(c for c in status.conditions if c.type in ("Ready",))

@@ -18,9 +18,8 @@ from vllm_operator.constants import (
     API_VERSION,
     GPU_RESOURCE,
     KIND_GPU_NODE,
-    KIND_INFERENCE_SERVICE,
 )
-from vllm_operator.k8s.api import ApiError, ClusterAPI, Manifest
+from vllm_operator.k8s.api import ApiError, ClusterAPI, Manifest, apply_status
 from vllm_operator.models import InferenceService, InferenceServiceStatus
 from vllm_operator.models.inference_service import EffectiveTuning, WarmupStatus
 from vllm_operator.reconcile.benchmark import active_lock, last_benchmark
@@ -151,19 +150,6 @@ def _stored_status(body: Manifest) -> InferenceServiceStatus | None:
         return None  # written by an older version: recompute from scratch
 
 
-async def _write_status(api: ClusterAPI, body: Manifest, status: Manifest) -> None:
-    meta = body["metadata"]
-    await api.apply(
-        {
-            "apiVersion": API_VERSION,
-            "kind": KIND_INFERENCE_SERVICE,
-            "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
-            "status": status,
-        },
-        subresource="status",
-    )
-
-
 async def _invalid(api: ClusterAPI, body: Manifest, err: ValidationError, now: datetime) -> None:
     """A stored object the models reject (admission was bypassed or the CRD is older):
     say so in status and stop; nothing is rendered from a spec we cannot read."""
@@ -186,7 +172,7 @@ async def _invalid(api: ClusterAPI, body: Manifest, err: ValidationError, now: d
     if [c.get("message") for c in old.get("conditions", [])] != [
         c["message"] for c in status["conditions"]
     ]:
-        await _write_status(api, body, status)
+        await apply_status(api, body, status)
         await api.event(body, reason="InvalidSpec", message=message, warning=True)
 
 
@@ -308,7 +294,7 @@ async def reconcile_inference_service(
     if old is not None:
         old = old.model_copy(update={"autoscaling": None})
     if old != status:
-        await _write_status(api, body, status.to_wire())
+        await apply_status(api, body, status.to_wire())
         await _events(api, body, old, status)
         log.info(
             "Updated status of InferenceService.",
