@@ -178,9 +178,9 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
     try:
         # Heavy load on the only pod until the autoscaler asks for more. Not streamed: it is
         # the server's load that counts, and the client shares two cores with everything.
-        timeline.mark("heavy load on the first pod (8 requests in flight)")
+        timeline.mark("heavy load on the first pod (16 requests in flight at the client)")
         heavy = Load(
-            _url(first), tmp_path / "heavy", concurrency=8, seconds=20, tokens=96, stream=False
+            _url(first), tmp_path / "heavy", concurrency=16, seconds=20, tokens=200, stream=False
         )
         loads.append(heavy)
         _wait(
@@ -190,6 +190,7 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
         )
         timeline.mark("scaled up; the heavy load ends after its 20 s")
         heavy.proc.wait(timeout=120)
+        heavy_ended = time.monotonic()
         # The new pod takes traffic only once warmed up; the replicas stay meanwhile (the
         # scale-down window has not passed).
         isvc = _wait(
@@ -202,7 +203,7 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
             timeout=window - 10,
         )
         timeline.mark("the second pod is warmed up and Ready")
-        assert isvc["spec"]["replicas"] == 2  # the limit, not ceil(8 / 3) = 3
+        assert isvc["spec"]["replicas"] == 2  # the limit
         auto = isvc["status"]["autoscaling"]
         assert auto["mode"] == "Operator" and auto["metric"] == "RequestsRunning"
         events = _get(cluster, ns, "events", "--field-selector", "reason=ScaledUp") or {"items": []}
@@ -211,7 +212,10 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
                       first["metadata"]["name"])  # fmt: skip
 
         # A benchmark starts; light load goes to the newer pod only.
-        bench = _bench("hold", "auto", 90)
+        # The benchmark outlasts the scale-down window (counted from the last high reading,
+        # at the latest the end of the heavy load), so the held scale-down shows.
+        seconds = int(window - (time.monotonic() - heavy_ended)) + 45
+        bench = _bench("hold", "auto", seconds)
         bench["spec"]["arrival"]["ratePerSecond"] = 0.5
         cluster.apply(bench, namespace=ns)
         _wait(
@@ -224,7 +228,12 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
         )
         timeline.mark("benchmark 'hold' runs; light load (1 in flight) on the second pod")
         light = Load(
-            _url(second), tmp_path / "light", concurrency=1, seconds=130, tokens=256, stream=True
+            _url(second),
+            tmp_path / "light",
+            concurrency=1,
+            seconds=seconds + 40,
+            tokens=256,
+            stream=True,
         )
         loads.append(light)
 
