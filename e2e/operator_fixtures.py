@@ -40,6 +40,8 @@ class OperatorProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
+        # Never a second operator beside a live one (it would reconcile every object twice).
+        assert not self.alive(), "the operator runs already"
         env = self.cluster.env()
         env.update(
             {
