@@ -22,7 +22,6 @@ import pytest
 import yaml
 
 from e2e.cluster.cluster import ClusterHandle, wait_until
-from e2e.operator_fixtures import crds  # noqa: F401  (fixture)
 from vllm_operator.agent.manifests import agent_manifests
 from vllm_operator.agent.nvml import read_recorded_calls
 
@@ -74,7 +73,7 @@ class AgentProcess:
 
 
 @pytest.fixture
-def node(crds: ClusterHandle) -> Iterator[str]:  # noqa: F811
+def node(crds: ClusterHandle) -> Iterator[str]:
     """A Node of our own (no kubelet, no capacity: nothing else is scheduled on it)."""
     name = f"e2e-agent-{secrets.token_hex(3)}"
     crds.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
@@ -85,7 +84,7 @@ def node(crds: ClusterHandle) -> Iterator[str]:  # noqa: F811
 
 @pytest.fixture
 def agent_factory(
-    crds: ClusterHandle,  # noqa: F811
+    crds: ClusterHandle,
     node: str,
     tmp_path: Path,
 ) -> Iterator[Any]:
@@ -134,7 +133,7 @@ def wait_condition(cluster: ClusterHandle, name: str, kind: str, reason: str) ->
 
 
 def test_the_agent_publishes_the_gpunode_and_power_policy_changes_reach_nvml(
-    crds: ClusterHandle,  # noqa: F811
+    crds: ClusterHandle,
     node: str,
     agent_factory: Any,
 ) -> None:
@@ -190,7 +189,7 @@ def test_the_agent_publishes_the_gpunode_and_power_policy_changes_reach_nvml(
 
 
 def test_a_dry_run_agent_reports_and_changes_nothing(
-    crds: ClusterHandle,  # noqa: F811
+    crds: ClusterHandle,
     node: str,
     agent_factory: Any,
 ) -> None:
@@ -209,7 +208,7 @@ def test_a_dry_run_agent_reports_and_changes_nothing(
 
 
 def test_a_probe_request_without_cuda_is_answered_with_the_error(
-    crds: ClusterHandle,  # noqa: F811
+    crds: ClusterHandle,
     node: str,
     agent_factory: Any,
 ) -> None:
@@ -233,7 +232,7 @@ def test_a_probe_request_without_cuda_is_answered_with_the_error(
 
 @pytest.mark.parametrize("power", [False, True], ids=["report mode", "power mode"])
 def test_the_daemonsets_pods_pass_the_pod_security_level_of_their_namespace(
-    crds: ClusterHandle,  # noqa: F811
+    crds: ClusterHandle,
     power: bool,
 ) -> None:
     ns = f"e2e-agent-psa-{secrets.token_hex(3)}"

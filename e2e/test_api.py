@@ -13,14 +13,13 @@ import yaml
 from tests.catalog import InvalidCase, invalid_cases
 
 from e2e.cluster.cluster import ClusterHandle
-from e2e.operator_fixtures import crds  # noqa: F401  (fixture)
 
 REPO = Path(__file__).parents[1]
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 CASES = invalid_cases()
 
 
-def test_the_crds_are_established(crds: ClusterHandle) -> None:  # noqa: F811
+def test_the_crds_are_established(crds: ClusterHandle) -> None:
     names = crds.kubectl(
         "get", "crd", "-l", "app.kubernetes.io/part-of=vllm-operator", "-o", "name"
     ).stdout.split()
@@ -32,7 +31,7 @@ def test_the_crds_are_established(crds: ClusterHandle) -> None:  # noqa: F811
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
-def test_every_example_is_accepted(crds: ClusterHandle, namespace: str, path: Path) -> None:  # noqa: F811
+def test_every_example_is_accepted(crds: ClusterHandle, namespace: str, path: Path) -> None:
     crds.kubectl("apply", "-n", namespace, "-f", str(path))
     for doc in yaml.safe_load_all(path.read_text()):
         if doc and doc["kind"] == "GPUNode":
@@ -48,7 +47,7 @@ def _reject(cluster: ClusterHandle, namespace: str, case: InvalidCase, *dry: str
 
 
 @pytest.fixture(scope="module")
-def shared_namespace(crds: ClusterHandle) -> Iterator[str]:  # noqa: F811
+def shared_namespace(crds: ClusterHandle) -> Iterator[str]:
     """One namespace for the whole catalog: nothing is created in it, so nothing can leak
     from one case into the next, and 50 namespaces need not come and go."""
     name = f"e2e-catalog-{secrets.token_hex(3)}"
@@ -59,7 +58,7 @@ def shared_namespace(crds: ClusterHandle) -> Iterator[str]:  # noqa: F811
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_each_invalid_manifest_is_rejected_naming_the_field(
-    crds: ClusterHandle,  # noqa: F811
+    crds: ClusterHandle,
     shared_namespace: str,
     case: InvalidCase,
 ) -> None:
@@ -73,7 +72,7 @@ def test_each_invalid_manifest_is_rejected_naming_the_field(
     assert "NotFound" in got.stderr, "a rejected object must not exist"
 
 
-def test_benchmark_spec_is_immutable(crds: ClusterHandle, namespace: str) -> None:  # noqa: F811
+def test_benchmark_spec_is_immutable(crds: ClusterHandle, namespace: str) -> None:
     path = REPO / "examples" / "inferencebenchmark.yaml"
     crds.kubectl("apply", "-n", namespace, "-f", str(path))
     proc = crds.kubectl(
@@ -90,14 +89,14 @@ def test_benchmark_spec_is_immutable(crds: ClusterHandle, namespace: str) -> Non
     assert proc.returncode != 0 and "immutable" in proc.stderr
 
 
-def test_kubectl_explain_shows_field_descriptions(crds: ClusterHandle) -> None:  # noqa: F811
+def test_kubectl_explain_shows_field_descriptions(crds: ClusterHandle) -> None:
     out = crds.kubectl("explain", "inferenceservice.spec.gpu.count").stdout
     assert "auto (the tuner's choice)" in out
     out = crds.kubectl("explain", "inferencebenchmark.spec.arrival").stdout
     assert "ratePerSecond" in out and "Mean request rate" in out
 
 
-def test_kubectl_get_shows_the_printer_columns(crds: ClusterHandle, namespace: str) -> None:  # noqa: F811
+def test_kubectl_get_shows_the_printer_columns(crds: ClusterHandle, namespace: str) -> None:
     crds.kubectl(
         "apply", "-n", namespace, "-f", str(REPO / "examples" / "inferenceservice-full.yaml")
     )
@@ -110,7 +109,7 @@ def test_kubectl_get_shows_the_printer_columns(crds: ClusterHandle, namespace: s
     assert "PHASE" in header and "TARGET" in header
 
 
-def test_defaults_are_filled_in_by_the_apiserver(crds: ClusterHandle, namespace: str) -> None:  # noqa: F811
+def test_defaults_are_filled_in_by_the_apiserver(crds: ClusterHandle, namespace: str) -> None:
     crds.kubectl(
         "apply", "-n", namespace, "-f", str(REPO / "examples" / "inferenceservice-minimal.yaml")
     )

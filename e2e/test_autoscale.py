@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from e2e.cluster.cluster import ClusterHandle
-from e2e.operator_fixtures import OperatorProcess, crds, operator_process, pod_runner  # noqa: F401
+from e2e.operator_fixtures import OperatorProcess
 from e2e.test_benchmark import _bench
 from e2e.test_operator import _condition, _get, _wait
 from e2e.test_warmup import _isvc, _pods
@@ -35,7 +35,7 @@ GROUP = "inference.vllm-operator.dev"
 
 
 @pytest.fixture
-def ns(operator_process: OperatorProcess) -> Iterator[str]:  # noqa: F811
+def ns(operator_process: OperatorProcess) -> Iterator[str]:
     cluster = operator_process.cluster
     name = f"e2e-autoscale-{int(time.time() * 1000) % 1000000}"
     cluster.kubectl("create", "namespace", name)
@@ -135,8 +135,8 @@ def _url(pod: dict[str, Any]) -> str:
 
 @pytest.mark.vllm
 def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
-    operator_process: OperatorProcess,  # noqa: F811
-    pod_runner: int,  # noqa: F811
+    operator_process: OperatorProcess,
+    pod_runner: int,
     ns: str,
     tmp_path: Path,
 ) -> None:
@@ -293,8 +293,8 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
 
 
 def test_hpa_mode_hands_the_real_hpa_controller_the_scale_subresource_and_the_lock(
-    operator_process: OperatorProcess,  # noqa: F811
-    pod_runner: int,  # noqa: F811
+    operator_process: OperatorProcess,
+    pod_runner: int,
     ns: str,
 ) -> None:
     cluster = operator_process.cluster

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from e2e.cluster.cluster import ClusterHandle
-from e2e.operator_fixtures import OperatorProcess, crds, operator_process, pod_runner  # noqa: F401
+from e2e.operator_fixtures import OperatorProcess
 from e2e.test_operator import _condition, _get, _wait
 from e2e.test_warmup import _isvc
 from e2e.vllm_fixtures import require_vllm_python
@@ -27,7 +27,7 @@ REPO = Path(__file__).parents[1]
 
 
 @pytest.fixture(scope="module")
-def lock_policy(crds: ClusterHandle) -> Iterator[None]:  # noqa: F811
+def lock_policy(crds: ClusterHandle) -> Iterator[None]:
     """The chart's ValidatingAdmissionPolicy for the lock, rendered by helm and applied."""
     assert crds.helm_path is not None
     rendered = subprocess.run(
@@ -101,8 +101,8 @@ def _refused(cluster: ClusterHandle, *args: str) -> str:
 
 
 def test_a_benchmark_runs_and_no_path_can_scale_its_target_down(
-    operator_process: OperatorProcess,  # noqa: F811
-    pod_runner: int,  # noqa: F811
+    operator_process: OperatorProcess,
+    pod_runner: int,
     lock_policy: None,
     namespace: str,
 ) -> None:
@@ -233,8 +233,8 @@ def test_a_benchmark_runs_and_no_path_can_scale_its_target_down(
 
 
 def test_the_lock_clears_when_the_operator_is_down_as_the_benchmark_ends(
-    operator_process: OperatorProcess,  # noqa: F811
-    pod_runner: int,  # noqa: F811
+    operator_process: OperatorProcess,
+    pod_runner: int,
     lock_policy: None,
     namespace: str,
 ) -> None:
@@ -285,8 +285,8 @@ def _reason(cluster: ClusterHandle, ns: str, name: str) -> str | None:
 
 @pytest.mark.vllm
 def test_a_benchmark_reads_its_dataset_and_leaves_every_request_in_its_results_config_map(
-    operator_process: OperatorProcess,  # noqa: F811
-    pod_runner: int,  # noqa: F811
+    operator_process: OperatorProcess,
+    pod_runner: int,
     namespace: str,
     tmp_path: Path,
 ) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from e2e.cluster.cluster import ClusterHandle
-from e2e.operator_fixtures import OperatorProcess, crds, operator_process  # noqa: F401
+from e2e.operator_fixtures import OperatorProcess
 
 GROUP = "inference.vllm-operator.dev"
 
@@ -74,7 +74,7 @@ def _wait_ready(cluster: ClusterHandle, ns: str, name: str, timeout: int = 90) -
 
 
 @pytest.fixture
-def op(operator_process: OperatorProcess) -> OperatorProcess:  # noqa: F811
+def op(operator_process: OperatorProcess) -> OperatorProcess:
     if not operator_process.alive():
         operator_process.start()
     return operator_process

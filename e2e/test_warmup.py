@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from e2e.cluster.cluster import ClusterHandle
-from e2e.operator_fixtures import OperatorProcess, crds, operator_process, pod_runner  # noqa: F401
+from e2e.operator_fixtures import OperatorProcess
 from e2e.test_operator import _condition, _get, _wait
 
 GROUP = "inference.vllm-operator.dev"
@@ -97,8 +97,8 @@ def _ttft(url: str, tag: str) -> float:
 
 @pytest.fixture(scope="module")
 def served(
-    operator_process: OperatorProcess,  # noqa: F811
-    pod_runner: int,  # noqa: F811
+    operator_process: OperatorProcess,
+    pod_runner: int,
 ) -> Iterator[tuple[ClusterHandle, str]]:
     """A tiny-llama service on a real CPU vLLM, in a namespace of its own."""
     cluster = operator_process.cluster
@@ -168,8 +168,8 @@ def test_scaling_up_warms_only_the_new_pod(served: tuple[ClusterHandle, str]) ->
 
 
 def test_a_failing_warmup_keeps_the_pod_out_with_the_reason(
-    operator_process: OperatorProcess,  # noqa: F811
-    pod_runner: int,  # noqa: F811
+    operator_process: OperatorProcess,
+    pod_runner: int,
     namespace: str,
 ) -> None:
     cluster = operator_process.cluster
@@ -202,8 +202,8 @@ def test_a_failing_warmup_keeps_the_pod_out_with_the_reason(
 
 
 def test_deleting_a_pod_mid_warmup_leaves_no_job(
-    operator_process: OperatorProcess,  # noqa: F811
-    pod_runner: int,  # noqa: F811
+    operator_process: OperatorProcess,
+    pod_runner: int,
     namespace: str,
 ) -> None:
     cluster = operator_process.cluster
@@ -227,8 +227,8 @@ def test_deleting_a_pod_mid_warmup_leaves_no_job(
 
 
 def test_an_operator_restart_mid_warmup_neither_skips_nor_repeats_it(
-    operator_process: OperatorProcess,  # noqa: F811
-    pod_runner: int,  # noqa: F811
+    operator_process: OperatorProcess,
+    pod_runner: int,
     namespace: str,
 ) -> None:
     cluster = operator_process.cluster
