@@ -45,6 +45,7 @@ from vllm_operator.metrics import AUTOSCALER_DECISIONS, AUTOSCALER_DESIRED, AUTO
 from vllm_operator.models import InferenceService
 from vllm_operator.models.inference_service import AutoscalingStatus
 from vllm_operator.reconcile.benchmark import active_lock
+from vllm_operator.reconcile.conditions import pod_condition
 from vllm_operator.render.hpa import hpa_name
 from vllm_operator.render.meta import SERVER_PORT, selector_string
 
@@ -67,10 +68,7 @@ def http_scraper(client: httpx.AsyncClient) -> Scrape:
 def _ready(pod: Manifest) -> bool:
     if pod["metadata"].get("deletionTimestamp") or not pod.get("status", {}).get("podIP"):
         return False
-    return any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in pod.get("status", {}).get("conditions", [])
-    )
+    return pod_condition(pod, "Ready")
 
 
 async def read_pods(pods: list[Manifest], scrape: Scrape) -> list[PodReading]:
@@ -184,7 +182,7 @@ async def autoscale_inference_service(
     held_by = await active_lock(api, isvc)
     decision = decide(auto, current, sig, state, now, held_by=held_by)
 
-    old = (isvc.status.autoscaling if isvc.status else None) or None
+    old = isvc.status.autoscaling if isvc.status else None
     last_scale = old.last_scale_time if old else None
     if decision.desired != current:
         applied = await _scale(api, isvc, body, pods, sig, decision, current)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime
 
+from vllm_operator.k8s.api import Manifest
 from vllm_operator.models.base import Condition, ConditionStatus
 
 
@@ -35,3 +36,11 @@ def condition(
 
 def find(conditions: Iterable[Condition], type_: str) -> Condition | None:
     return next((c for c in conditions if c.type == type_), None)
+
+
+def pod_condition(pod: Manifest, type_: str) -> bool:
+    """Whether a pod's condition ``type_`` (Ready, ContainersReady, a readiness gate) is True."""
+    return any(
+        c.get("type") == type_ and c.get("status") == "True"
+        for c in pod.get("status", {}).get("conditions", [])
+    )

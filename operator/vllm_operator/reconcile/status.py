@@ -17,7 +17,7 @@ from vllm_operator.models.inference_service import (
     EffectiveTuning,
     WarmupStatus,
 )
-from vllm_operator.reconcile.conditions import condition
+from vllm_operator.reconcile.conditions import condition, pod_condition
 from vllm_operator.render.meta import selector_string
 from vllm_operator.render.service import endpoint_url
 
@@ -47,13 +47,6 @@ class Observed:
     warmed: int | None = None
     warmup_failures: list[str] = field(default_factory=list)
     last_benchmark: BenchmarkSummary | None = None
-
-
-def _pod_condition(pod: Manifest, type_: str) -> bool:
-    return any(
-        c.get("type") == type_ and c.get("status") == "True"
-        for c in pod.get("status", {}).get("conditions", [])
-    )
 
 
 def _live(pods: list[Manifest]) -> list[Manifest]:
@@ -107,7 +100,7 @@ def compute_status(
     elif observed.warmed is not None:
         warmed = observed.warmed
     else:
-        warmed = sum(_pod_condition(p, WARMED_UP_CONDITION) for p in pods)
+        warmed = sum(pod_condition(p, WARMED_UP_CONDITION) for p in pods)
     failed = observed.warmup_failures
     stalled = observed.problems[0] if observed.problems else None
 
@@ -129,7 +122,7 @@ def compute_status(
         and ready < desired
         and warmed < desired
         and pods
-        and all(_pod_condition(p, "ContainersReady") for p in pods)
+        and all(pod_condition(p, "ContainersReady") for p in pods)
     ):
         ready_cond = cond(
             "Ready", False, "WarmingUp", f"{warmed} of {desired} replicas are warmed up."
