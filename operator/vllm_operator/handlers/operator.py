@@ -151,6 +151,16 @@ async def _work_autoscale(memo: Any, key: Key) -> float | None:
     return again
 
 
+def _schedule_autoscaler(memo: Any, namespace: str, name: str) -> None:
+    """The first autoscaler reading, now, unless readings are scheduled already: each one
+    schedules the next, so events (the autoscaler's own status writes among them) and
+    resyncs add nothing more."""
+    scale = (SCALE, namespace, name)
+    if scale not in memo.scaling:
+        memo.scaling.add(scale)
+        memo.queue.add(scale)
+
+
 async def _resync(memo: Any) -> None:
     """Every resync period, every InferenceService gets a reconcile (spread over the
     period, so a thousand objects do not arrive at once)."""
@@ -173,12 +183,8 @@ async def _resync(memo: Any) -> None:
                     (ISVC, meta["namespace"], meta["name"]),
                     random.uniform(0, settings.resync_seconds / 2),
                 )
-                scale = (SCALE, meta["namespace"], meta["name"])
-                if item.get("spec", {}).get("autoscaling", {}).get("enabled") and (
-                    scale not in memo.scaling
-                ):
-                    memo.scaling.add(scale)
-                    memo.queue.add(scale)
+                if item.get("spec", {}).get("autoscaling", {}).get("enabled"):
+                    _schedule_autoscaler(memo, meta["namespace"], meta["name"])
 
 
 @kopf.on.startup()
@@ -228,13 +234,9 @@ async def inference_service_event(
     if not namespace:
         return
     memo.queue.add((ISVC, namespace, name))
-    # Autoscaling (or its status to clear): the first reading now; each reading schedules
-    # the next, so events (including the autoscaler's own status writes) add nothing more.
-    scale = (SCALE, namespace, name)
-    wanted = bool((spec.get("autoscaling") or {}).get("enabled"))
-    if scale not in memo.scaling and (wanted or status.get("autoscaling")):
-        memo.scaling.add(scale)
-        memo.queue.add(scale)
+    # Autoscaling on, or its status to clear.
+    if (spec.get("autoscaling") or {}).get("enabled") or status.get("autoscaling"):
+        _schedule_autoscaler(memo, namespace, name)
 
 
 def _owner_event(body: kopf.Body, namespace: str | None, memo: Any) -> None:

@@ -60,6 +60,14 @@ async def load_config(kubeconfig: str | None = None) -> client.ApiClient:
     return client.ApiClient(configuration=configuration)
 
 
+def _path(
+    api_version: str, kind: str, namespace: str | None, name: str, subresource: str | None
+) -> str:
+    """The URL path of one object, or of its subresource (status, scale)."""
+    path = resource_for(api_version, kind).path(namespace, name)
+    return f"{path}/{subresource}" if subresource else path
+
+
 class KubeClient:
     """The real ``ClusterAPI``."""
 
@@ -137,10 +145,8 @@ class KubeClient:
         field_manager: str | None = None,
     ) -> Manifest:
         meta = manifest["metadata"]
-        res = resource_for(manifest["apiVersion"], manifest["kind"])
-        path = res.path(meta.get("namespace"), meta["name"])
-        if subresource:
-            path += f"/{subresource}"
+        api_version, kind = manifest["apiVersion"], manifest["kind"]
+        path = _path(api_version, kind, meta.get("namespace"), meta["name"], subresource)
         query = [("fieldManager", field_manager or self._field_manager), ("force", "true")]
         obj: Manifest = await self._call(
             "PATCH", path, query=query, body=manifest, content_type="application/apply-patch+yaml"
@@ -158,9 +164,7 @@ class KubeClient:
         subresource: str | None = None,
         field_manager: str | None = None,
     ) -> Manifest:
-        path = resource_for(api_version, kind).path(namespace, name)
-        if subresource:
-            path += f"/{subresource}"
+        path = _path(api_version, kind, namespace, name, subresource)
         query = [("fieldManager", field_manager or self._field_manager)]
         obj: Manifest = await self._call(
             "PATCH", path, query=query, body=patch, content_type="application/merge-patch+json"
