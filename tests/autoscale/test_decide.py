@@ -177,23 +177,48 @@ def timed(name: str, e2e: float, queue: float, running: float = 0) -> PodReading
 
 
 def test_requests_in_flight_are_also_averaged_between_readings() -> None:
-    """Little's law: 30 s of request time in 10 s is 3 requests in the server on average,
+    """Little's law: 45 s of request time in 15 s is 3 requests in the server on average,
     of which 0.5 queued; the gauge (a snapshot) said 0. A long request the snapshot sees
     running counts even when little finished."""
     s = spec(target="1")
     state = ScalerState()
     first = signal(s, [timed("a", 100, 10), timed("b", 5, 0, running=2)], 2, state, 0)
     assert first.value == pytest.approx(1.0)  # no baseline yet: the gauges alone
-    sig = signal(s, [timed("a", 130, 15), timed("b", 6, 0, running=2)], 2, state, 10)
+    sig = signal(s, [timed("a", 145, 17.5), timed("b", 6, 0, running=2)], 2, state, 15)
     assert sig.loads["a"] == PodLoad(running=2.5, waiting=0.5)
     assert sig.loads["b"] == PodLoad(running=2.0, waiting=0.0)
     assert sig.value == pytest.approx(2.25) and sig.recommendation == 5
     waiting = signal(spec(metric="RequestsWaiting", target="1"),
-                     [timed("a", 160, 25)], 2, state, 20)  # fmt: skip
+                     [timed("a", 190, 32.5)], 2, state, 30)  # fmt: skip
     assert waiting.value == pytest.approx(1.0)
     # A server that restarted (its sums went down) has no baseline.
-    restarted = signal(s, [timed("a", 1, 0)], 2, state, 30)
+    restarted = signal(s, [timed("a", 1, 0)], 2, state, 45)
     assert restarted.loads["a"] == PodLoad(0, 0)
+
+
+def test_one_long_request_ending_does_not_read_as_many_in_flight() -> None:
+    """A request's whole time counts when it ends. Read every 2 s, a 6 s request ending
+    would be 3 requests in flight over the last period; the average runs over the last
+    15 s at least, so it is 0.4, and a steady load still reads at its level."""
+    s = spec(target="3", periodSeconds=2)
+    state = ScalerState()
+    for t in range(0, 20, 2):  # an idle pod, read every 2 s
+        signal(s, [timed("a", 0, 0)], 1, state, t)
+    spike = signal(s, [timed("a", 6, 0)], 1, state, 20)
+    assert spike.loads["a"].running == pytest.approx(6 / 16)  # baseline 16 s back
+    assert spike.recommendation == 1
+    # A pod new to the autoscaler is averaged over the full window too: low, not high.
+    fresh = ScalerState()
+    signal(s, [timed("b", 0, 0)], 1, fresh, 0)
+    assert signal(s, [timed("b", 6, 0)], 1, fresh, 2).loads["b"].running == pytest.approx(0.4)
+    # Steady: 4 requests in the server all the time (4 s of request time a second).
+    steady = ScalerState()
+    for t in range(0, 40, 2):
+        sig = signal(s, [timed("c", 4.0 * t, 0)], 1, steady, t)
+    assert sig.loads["c"].running == pytest.approx(4.0)
+    assert sig.recommendation == 2
+    # The history stays one window long.
+    assert steady.readings["c"][0][0] >= 38 - 15 - 2
 
 
 def test_the_least_loaded_pods_get_the_lowest_deletion_cost() -> None:

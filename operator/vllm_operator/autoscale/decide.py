@@ -28,6 +28,8 @@ from vllm_operator.models.inference_service import (
 )
 
 TOLERANCE = 0.1
+# Requests in the server are averaged over at least this long (see ``signal``).
+AVERAGE_SECONDS = 15.0
 _QUANTILES = {"TTFTP90": 0.9, "TTFTP99": 0.99}
 
 
@@ -41,8 +43,10 @@ class ScalerState:
     # (time, replicas) when the autoscaler started: a floor for scale-down for one window.
     seed: tuple[float, int] | None = None
     changes: list[tuple[float, int]] = field(default_factory=list)
-    # The previous reading of each pod, with its time: baselines for averages and deltas.
-    previous: dict[str, tuple[float, PodReading]] = field(default_factory=dict)
+    # Each pod's recent readings with their times, oldest first: the last one is the
+    # baseline for histogram deltas, the oldest (about one averaging window back) the
+    # baseline for the requests-in-server averages.
+    readings: dict[str, list[tuple[float, PodReading]]] = field(default_factory=dict)
 
     @classmethod
     def seeded(cls, now: float, replicas: int) -> ScalerState:
@@ -82,6 +86,27 @@ def _per_pod(metric: str, reading: PodReading, pod_load: PodLoad) -> float:
     return reading.kv_cache_usage
 
 
+def _average_seconds(spec: AutoscalingSpec) -> float:
+    return max(AVERAGE_SECONDS, float(spec.period_seconds))
+
+
+def _remember(
+    history: list[tuple[float, PodReading]], now: float, reading: PodReading, window: float
+) -> list[tuple[float, PodReading]]:
+    """The pod's history with this reading added, keeping the newest reading at least
+    ``window`` old (the averages' baseline) and everything after it. A server whose sums
+    went down restarted: its history starts again."""
+    if history and (
+        reading.e2e_seconds < history[-1][1].e2e_seconds
+        or reading.queue_seconds < history[-1][1].queue_seconds
+    ):
+        history = []
+    history = [*history, (now, reading)]
+    while len(history) > 2 and history[1][0] <= now - window:
+        history.pop(0)
+    return history
+
+
 def signal(
     spec: AutoscalingSpec,
     readings: list[PodReading],
@@ -89,14 +114,29 @@ def signal(
     state: ScalerState,
     now: float,
 ) -> Signal:
-    """The signal from this reading's pods; the baselines in ``state`` move forward."""
+    """The signal from this reading's pods; the baselines in ``state`` move forward.
+
+    Requests in the server are averaged (Little's law, see ``signals.load``) from the
+    oldest remembered reading, over at least ``AVERAGE_SECONDS``: a request's whole time
+    is counted when it finishes, so over one short period a single long request that ends
+    would read as several in flight (a 6 s request ending in a 2 s period: 3). Over 15 s
+    it reads as 0.4. A pod read for less than that is averaged over the full 15 s
+    (biased low while it is new, never spiking)."""
     target = float(spec.target)
-    previous = state.previous
-    state.previous = {r.pod: (now, r) for r in readings}
+    window = _average_seconds(spec)
+    before = state.readings
+    # The last reading of each pod: the baseline for histogram deltas.
+    previous = {pod: history[-1] for pod, history in before.items() if history}
+    state.readings = {}
     loads: dict[str, PodLoad] = {}
     for r in readings:
-        before = previous.get(r.pod)
-        loads[r.pod] = load(r, before[1] if before else None, now - before[0] if before else 0)
+        history = _remember(before.get(r.pod, []), now, r, window)
+        state.readings[r.pod] = history
+        first_t, first = history[0]
+        if len(history) == 1:
+            loads[r.pod] = load(r, None, 0)
+        else:
+            loads[r.pod] = load(r, first, max(now - first_t, window))
     n = len(readings)
     if spec.metric in PER_POD_METRICS:
         if not readings:
@@ -109,8 +149,8 @@ def signal(
     # A service-wide TTFT percentile over the observations since the last reading.
     deltas = []
     for r in readings:
-        before = previous.get(r.pod)
-        d = delta(r.ttft, before[1].ttft if before else None)
+        last = previous.get(r.pod)
+        d = delta(r.ttft, last[1].ttft if last else None)
         if d is not None:
             deltas.append(d)
     if not deltas:

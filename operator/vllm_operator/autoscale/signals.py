@@ -8,10 +8,11 @@ reports one series per engine: counts and histograms are summed, KV-cache usage 
 
 The request gauges are snapshots, taken when the engine reports its stats; on the CPU
 build we test with (vLLM 0.32) they read 0 through most of a steady load of 8 requests in
-flight. So the requests running and waiting are also measured as averages over the time
-between two readings, by Little's law: the growth of the summed latency of the requests
-that finished, divided by the time (``increase(e2e_sum) / Δt`` is the mean number of
-requests in the server; the queue-time sum gives the waiting part). The autoscaler takes
+flight. So the requests running and waiting are also measured as averages over a span of
+readings (``decide.signal`` picks it: 15 s at least), by Little's law: the growth of the
+summed latency of the requests that finished, divided by the time
+(``increase(e2e_sum) / Δt`` is the mean number of requests in the server; the queue-time
+sum gives the waiting part). The autoscaler takes
 the larger of snapshot and average, so a long request still running counts as well.
 """
 
@@ -51,7 +52,7 @@ class PodReading:
 @dataclass(frozen=True)
 class PodLoad:
     """Requests running and waiting in one pod: the larger of the snapshot gauges and the
-    average since the previous reading."""
+    average since a baseline reading."""
 
     running: float
     waiting: float
