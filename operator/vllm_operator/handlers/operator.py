@@ -1,14 +1,17 @@
 """Kopf registration: watch events become keys on the work queue; nothing else happens here.
 
-Every InferenceService event, every event of an object carrying the inference-service
-label (Deployment, Service, PodDisruptionBudget, Pod), and a periodic resync add the
-owning InferenceService's key; the queue runs the one reconcile for it.
+Every InferenceService event that changes more than the autoscaler's own status, every
+event of an object carrying the inference-service label (Deployment, Service,
+PodDisruptionBudget, Pod), and a periodic resync add the owning InferenceService's key;
+the queue runs the one reconcile for it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
 import logging
 import random
 from typing import Any
@@ -208,6 +211,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     memo.http = httpx.AsyncClient()
     memo.scaler_states = {}
     memo.scaling = set()  # keys whose autoscaler readings are scheduled
+    memo.seen = {}  # (namespace, name) → the service as its last event showed it
     memo.tasks = [
         asyncio.create_task(memo.queue.run(lambda k: _work(memo, k), ours.workers)),
         asyncio.create_task(_resync(memo)),
@@ -227,13 +231,43 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         await memo.http.aclose()
 
 
+def reconcile_relevant(body: Any) -> str:
+    """A digest of the service as the reconcile sees it: everything but the fields that
+    change with every write (resourceVersion, managedFields) and the autoscaler's own
+    ``status.autoscaling``, which changes every period under load and which the reconcile
+    neither reads nor writes. Events that leave it unchanged need no reconcile."""
+    metadata = {
+        k: v for k, v in (body.get("metadata") or {}).items()
+        if k not in ("resourceVersion", "managedFields")
+    }  # fmt: skip
+    status = {k: v for k, v in (body.get("status") or {}).items() if k != "autoscaling"}
+    relevant = {**dict(body), "metadata": metadata, "status": status}
+    text = json.dumps(relevant, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 @kopf.on.event(GROUP, VERSION, PLURAL_INFERENCE_SERVICE)
 async def inference_service_event(
-    name: str, namespace: str | None, spec: kopf.Spec, status: kopf.Status, memo: Any, **_: Any
+    type: str | None,
+    body: kopf.Body,
+    name: str,
+    namespace: str | None,
+    spec: kopf.Spec,
+    status: kopf.Status,
+    memo: Any,
+    **_: Any,
 ) -> None:
     if not namespace:
         return
-    memo.queue.add((ISVC, namespace, name))
+    seen: dict[tuple[str, str], str] = memo.seen
+    if type == "DELETED":
+        seen.pop((namespace, name), None)
+        memo.queue.add((ISVC, namespace, name))
+        return
+    digest = reconcile_relevant(body)
+    if seen.get((namespace, name)) != digest:
+        seen[(namespace, name)] = digest
+        memo.queue.add((ISVC, namespace, name))
     # Autoscaling on, or its status to clear.
     if (spec.get("autoscaling") or {}).get("enabled") or status.get("autoscaling"):
         _schedule_autoscaler(memo, namespace, name)
