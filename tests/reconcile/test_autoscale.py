@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from tests.fakes import RecordingCluster
-from tests.specs import BASE, lock_job
+from tests.specs import BASE, lock_job, node
 from vllm_operator.autoscale.decide import ScalerState
 from vllm_operator.reconcile.autoscale import autoscale_inference_service
 from vllm_operator.reconcile.inference_service import reconcile_inference_service
@@ -241,3 +241,30 @@ async def test_a_users_own_hpa_of_the_same_name_is_left_alone() -> None:
     )
     await reconcile_inference_service(api, api.objects[ISVC_KEY], settings=OperatorSettings())
     assert ("autoscaling/v2", "HorizontalPodAutoscaler", "team-a", "chat") in api.objects
+
+
+async def test_hpa_mode_does_not_take_over_an_hpa_it_does_not_own() -> None:
+    api = RecordingCluster()
+    api.put(node("gpu-a", "NVIDIA-GeForce-RTX-4090", 2, 24564, "PCIe"))
+    _service(api, 1, mode="HPA", metric="RequestsWaiting", target="0.5")
+    theirs = {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": "chat", "namespace": "team-a"},
+        "spec": {"minReplicas": 3},
+    }
+    api.put(theirs)
+    await reconcile_inference_service(api, api.objects[ISVC_KEY], settings=OperatorSettings())
+    key = ("autoscaling/v2", "HorizontalPodAutoscaler", "team-a", "chat")
+    assert api.objects[key]["spec"] == {"minReplicas": 3}  # not applied over, not deleted
+    stalled = next(
+        c for c in api.objects[ISVC_KEY]["status"]["conditions"] if c["type"] == "Stalled"
+    )
+    assert stalled["status"] == "True" and stalled["reason"] == "HPAConflict"
+    assert "spec.autoscaling.mode" in stalled["message"]
+    # The service itself still runs.
+    assert ("apps/v1", "Deployment", "team-a", "chat") in api.objects
+    # Once it is gone, the operator's own HPA takes its place.
+    del api.objects[key]
+    await reconcile_inference_service(api, api.objects[ISVC_KEY], settings=OperatorSettings())
+    assert api.objects[key]["metadata"]["ownerReferences"][0]["uid"] == BASE["metadata"]["uid"]

@@ -129,15 +129,32 @@ async def find_problems(
     return problems
 
 
-async def _drop_hpa(api: ClusterAPI, isvc: InferenceService) -> None:
-    """Autoscaling off or in Operator mode: the HPA we rendered before (if any) goes."""
-    ns = isvc.metadata.namespace
-    hpa = await api.get("autoscaling/v2", "HorizontalPodAutoscaler", hpa_name(isvc), ns)
-    if hpa is None:
-        return
-    owners = hpa["metadata"].get("ownerReferences") or []
-    if any(o.get("controller") and o.get("uid") == isvc.metadata.uid for o in owners):
-        await api.delete("autoscaling/v2", "HorizontalPodAutoscaler", hpa_name(isvc), ns)
+def _controlled_by(obj: Manifest, isvc: InferenceService) -> bool:
+    owners = obj["metadata"].get("ownerReferences") or []
+    return any(o.get("controller") and o.get("uid") == isvc.metadata.uid for o in owners)
+
+
+async def _hpa(
+    api: ClusterAPI, isvc: InferenceService, *, blocked_by: str | None
+) -> tuple[Manifest | None, Problem | None]:
+    """The HPA to apply (HPA mode), or none; in any other mode the HPA we rendered
+    before goes. An HPA of that name that is not ours is never taken over or deleted."""
+    ns, name = isvc.metadata.namespace, hpa_name(isvc)
+    existing = await api.get("autoscaling/v2", "HorizontalPodAutoscaler", name, ns)
+    ours = existing is None or _controlled_by(existing, isvc)
+    auto = isvc.spec.autoscaling
+    if auto.enabled and auto.mode == "HPA":
+        if not ours:
+            return None, Problem(
+                "HPAConflict",
+                f"spec.autoscaling.mode: HPA needs the HorizontalPodAutoscaler {name}, and one "
+                "of that name exists that this InferenceService does not own; it is left "
+                "as it is. Delete or rename it, or use mode Operator.",
+            )
+        return build_hpa(isvc, scale_down_held=blocked_by is not None), None
+    if existing is not None and ours:
+        await api.delete("autoscaling/v2", "HorizontalPodAutoscaler", name, ns)
+    return None, None
 
 
 def _stored_status(body: Manifest) -> InferenceServiceStatus | None:
@@ -237,11 +254,11 @@ async def reconcile_inference_service(
 
     deployment: Manifest | None = None
     children = [build_service(isvc), build_pdb(isvc)]
-    auto = isvc.spec.autoscaling
-    if auto.enabled and auto.mode == "HPA":
-        children.append(build_hpa(isvc, scale_down_held=blocked_by is not None))
-    else:
-        await _drop_hpa(api, isvc)
+    hpa, conflict = await _hpa(api, isvc, blocked_by=blocked_by)
+    if hpa is not None:
+        children.append(hpa)
+    if conflict is not None:
+        problems.append(conflict)
     if planned.does_not_fit is None:
         # Never a Deployment that will run out of memory: when nothing fits, the one
         # running (if any) stays as it is until the spec or the nodes change.
