@@ -199,7 +199,8 @@ def test_requests_in_flight_are_also_averaged_between_readings() -> None:
 def test_one_long_request_ending_does_not_read_as_many_in_flight() -> None:
     """A request's whole time counts when it ends. Read every 2 s, a 6 s request ending
     would be 3 requests in flight over the last period; the average runs over the last
-    15 s at least, so it is 0.4, and a steady load still reads at its level."""
+    15 s at least, so it is 0.4, and a steady load still reads at its level. The gauges
+    are averaged over the same readings."""
     s = spec(target="3", periodSeconds=2)
     state = ScalerState()
     for t in range(0, 20, 2):  # an idle pod, read every 2 s
@@ -207,6 +208,13 @@ def test_one_long_request_ending_does_not_read_as_many_in_flight() -> None:
     spike = signal(s, [timed("a", 6, 0)], 1, state, 20)
     assert spike.loads["a"].running == pytest.approx(6 / 16)  # baseline 16 s back
     assert spike.recommendation == 1
+    # A gauge snapshot that caught two short requests is one reading of eight since the
+    # baseline (16 s back), not the signal.
+    quiet = ScalerState()
+    for t in range(0, 20, 2):
+        signal(s, [timed("q", 0, 0)], 1, quiet, t)
+    caught = signal(s, [timed("q", 0, 0, running=2)], 1, quiet, 20)
+    assert caught.loads["q"].running == pytest.approx(2 / 8)
     # A pod new to the autoscaler is averaged over the full window too: low, not high.
     fresh = ScalerState()
     signal(s, [timed("b", 0, 0)], 1, fresh, 0)

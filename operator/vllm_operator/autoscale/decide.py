@@ -18,7 +18,7 @@ The same rules as the HPA controller, so a service behaves alike in both modes:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from vllm_operator.autoscale.signals import PodLoad, PodReading, delta, load, merge, quantile
 from vllm_operator.models.inference_service import (
@@ -121,7 +121,8 @@ def signal(
     is counted when it finishes, so over one short period a single long request that ends
     would read as several in flight (a 6 s request ending in a 2 s period: 3). Over 15 s
     it reads as 0.4. A pod read for less than that is averaged over the full 15 s
-    (biased low while it is new, never spiking)."""
+    (biased low while it is new, never spiking). The request gauges are averaged over the
+    same readings, so both sides of the larger-of are 15 s averages."""
     target = float(spec.target)
     window = _average_seconds(spec)
     before = state.readings
@@ -136,7 +137,15 @@ def signal(
         if len(history) == 1:
             loads[r.pod] = load(r, None, 0)
         else:
-            loads[r.pod] = load(r, first, max(now - first_t, window))
+            # The gauges too are averaged over the readings since the baseline: a snapshot
+            # that caught a short request is one reading among several, not the signal.
+            since = [h for _, h in history[1:]]
+            smoothed = replace(
+                r,
+                running=sum(h.running for h in since) / len(since),
+                waiting=sum(h.waiting for h in since) / len(since),
+            )
+            loads[r.pod] = load(smoothed, first, max(now - first_t, window))
     n = len(readings)
     if spec.metric in PER_POD_METRICS:
         if not readings:

@@ -12,8 +12,9 @@ flight. So the requests running and waiting are also measured as averages over a
 readings (``decide.signal`` picks it: 15 s at least), by Little's law: the growth of the
 summed latency of the requests that finished, divided by the time
 (``increase(e2e_sum) / Δt`` is the mean number of requests in the server; the queue-time
-sum gives the waiting part). The autoscaler takes
-the larger of snapshot and average, so a long request still running counts as well.
+sum gives the waiting part). The autoscaler takes the larger of the gauge and that average
+(``decide.signal`` averages the gauges over the same readings), so a long request still
+running counts as well.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class PodReading:
 
 @dataclass(frozen=True)
 class PodLoad:
-    """Requests running and waiting in one pod: the larger of the snapshot gauges and the
+    """Requests running and waiting in one pod: the larger of the gauges and the
     average since a baseline reading."""
 
     running: float
