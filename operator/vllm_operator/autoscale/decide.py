@@ -20,7 +20,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from vllm_operator.autoscale.signals import PodLoad, PodReading, delta, load, merge, quantile
+from vllm_operator.autoscale.signals import (
+    PodLoad,
+    PodReading,
+    delta,
+    load,
+    merge,
+    quantile,
+    restarted,
+)
 from vllm_operator.models.inference_service import (
     PER_POD_METRICS,
     AutoscalingDecision,
@@ -96,10 +104,7 @@ def _remember(
     """The pod's history with this reading added, keeping the newest reading at least
     ``window`` old (the averages' baseline) and everything after it. A server whose sums
     went down restarted: its history starts again."""
-    if history and (
-        reading.e2e_seconds < history[-1][1].e2e_seconds
-        or reading.queue_seconds < history[-1][1].queue_seconds
-    ):
+    if history and restarted(reading, history[-1][1]):
         history = []
     history = [*history, (now, reading)]
     while len(history) > 2 and history[1][0] <= now - window:

@@ -64,14 +64,17 @@ class PodLoad:
         return self.running + self.waiting
 
 
+def restarted(now: PodReading, before: PodReading) -> bool:
+    """Whether the server restarted between two readings: its summed seconds went down."""
+    return now.e2e_seconds < before.e2e_seconds or now.queue_seconds < before.queue_seconds
+
+
 def load(now: PodReading, before: PodReading | None, seconds: float) -> PodLoad:
     """The pod's load, from this reading and the one ``seconds`` earlier (if any)."""
-    if before is None or seconds <= 0:
+    if before is None or seconds <= 0 or restarted(now, before):
         return PodLoad(now.running, now.waiting)
     in_server = now.e2e_seconds - before.e2e_seconds
     queued = now.queue_seconds - before.queue_seconds
-    if in_server < 0 or queued < 0:  # counters went down: the server restarted
-        return PodLoad(now.running, now.waiting)
     return PodLoad(
         max(now.running, (in_server - queued) / seconds),
         max(now.waiting, queued / seconds),
