@@ -30,6 +30,7 @@ from e2e.operator_fixtures import OperatorProcess
 from e2e.test_benchmark import _bench
 from e2e.test_operator import _condition, _get, _wait
 from e2e.test_warmup import _isvc, _pods
+from vllm_operator.reconcile.jobs import job_state
 
 GROUP = "inference.vllm-operator.dev"
 
@@ -259,14 +260,10 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
         blocked = _condition(held, "ScaleDownBlocked")
         assert blocked.get("status") == "True" and "hold" in blocked.get("message", "")
 
-        # The lock is the load Job: it holds until the Job finishes (the benchmark's phase
-        # follows a moment later).
+        # The lock is the load Job: it holds while the operator's own job_state says the Job
+        # runs (the benchmark's phase follows a moment later).
         def load_running() -> bool:
-            job = _get(cluster, ns, "job", "hold-load") or {}
-            return not any(
-                c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
-                for c in job.get("status", {}).get("conditions", [])
-            )
+            return job_state(_get(cluster, ns, "job", "hold-load") or {}) == "Running"
 
         while load_running():
             replicas = (_get(cluster, ns, "isvc", "auto") or {}).get("spec", {}).get("replicas", 2)
