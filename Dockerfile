@@ -31,9 +31,14 @@ FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="vllm-operator" \
       org.opencontainers.image.description="Kubernetes operator for tuned, warmed-up and benchmarked vLLM inference services" \
       org.opencontainers.image.licenses="Apache-2.0"
+# The uid below has no passwd entry (nor has an OpenShift random one): USER names it for
+# getpass (Kopf's identity) and HOME is the chart's writable emptyDir, for Path.home()
+# (kubernetes_asyncio calls it on import). The code copes without them too.
 ENV PATH=/opt/vllm-operator/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
-    PYTHONUNBUFFERED=1
+    PYTHONUNBUFFERED=1 \
+    USER=vllm-operator \
+    HOME=/tmp
 COPY --from=build /opt/vllm-operator /opt/vllm-operator
 # 65532: the conventional "nonroot" uid/gid; the chart's securityContext uses the same.
 USER 65532:65532

@@ -1,14 +1,15 @@
 """The Dockerfile, kept honest without a container engine: hadolint lints it; its
-structure is checked (pinned base, multi-stage, numeric non-root user, the entry point);
-and the same install it performs (the wheel, with every dependency from
-deploy/image/constraints.txt, into a fresh virtual environment) is done here, then the
-entry point the image runs is run.
+structure is checked (pinned base, multi-stage, numeric non-root user with a USER and a
+writable HOME, the entry point); and the same install it performs (the wheel, with every
+dependency from deploy/image/constraints.txt, into a fresh virtual environment) is done
+here, then the entry point the image runs is run, and `run` started as the image's uid.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -16,6 +17,8 @@ import tomllib
 from pathlib import Path
 
 import pytest
+
+from tests.operator_start import LOGGED_IN, as_uid_without_passwd, start_and_stop
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO / "Dockerfile"
@@ -96,6 +99,24 @@ def test_the_image_runs_as_a_numeric_non_root_user_with_the_entry_point() -> Non
     entry = [json.loads(a) for w, a in steps if w == "ENTRYPOINT"]
     assert entry[-1] == ["vllm-operator"]
     assert [json.loads(a) for w, a in steps if w == "CMD"][-1] == ["run"]
+
+
+def _runtime_env() -> dict[str, str]:
+    """The final stage's ENV, as name → value."""
+    steps = _instructions()
+    runtime = steps[max(i for i, (w, _) in enumerate(steps) if w == "FROM") :]
+    return dict(pair.split("=", 1) for w, a in runtime if w == "ENV" for pair in shlex.split(a))
+
+
+def test_the_image_names_its_user_and_a_writable_home() -> None:
+    # The uid has no passwd entry: getpass needs USER, Path.home() needs HOME.
+    env = _runtime_env()
+    assert env.get("USER"), "no USER: Kopf's default identity calls getpass.getuser()"
+    # HOME is where the chart mounts its emptyDir below the read-only root.
+    deployment = (REPO / "charts" / "vllm-operator" / "templates" / "deployment.yaml").read_text()
+    assert "readOnlyRootFilesystem: true" in deployment
+    mounts = re.findall(r"- name: tmp\s+mountPath: (\S+)", deployment)
+    assert mounts == [env.get("HOME")], f"HOME={env.get('HOME')}, emptyDir at {mounts}"
 
 
 def test_every_pip_install_is_constrained_by_the_lock() -> None:
@@ -180,3 +201,14 @@ def test_the_entry_point_runs_from_the_installed_wheel(image_venv: Path, argv: l
         capture_output=True, text=True, check=True, cwd=image_venv,
     )  # fmt: skip
     assert str(image_venv) in where.stdout, "imported from the source tree, not the wheel"
+
+
+def test_run_starts_from_the_installed_wheel_as_the_images_uid(
+    image_venv: Path, tmp_path: Path
+) -> None:
+    uid = int(next(a for w, a in reversed(_instructions()) if w == "USER").partition(":")[0])
+    env = _runtime_env() | {"PATH": f"{image_venv / 'bin'}:/usr/bin:/bin"}
+    argv = [*as_uid_without_passwd(uid), str(image_venv / "bin" / "vllm-operator")]
+    code, output = start_and_stop(argv, env, tmp_path)
+    assert LOGGED_IN in output, output
+    assert "Traceback" not in output and code == 0, output

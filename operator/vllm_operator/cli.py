@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -128,7 +129,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def ensure_home() -> None:
+    """Give the process a ``HOME`` when it has none and its uid no passwd entry.
+
+    ``kubernetes_asyncio`` calls ``Path.home()`` when it is imported
+    (``config/kube_config.py``, since tomplus/kubernetes_asyncio#307), and that raises
+    ``RuntimeError`` for such a uid (the image's 65532 without its ``ENV HOME``, or
+    OpenShift's random uids): every command that talks to the cluster died on import.
+    The temporary directory is the one place the chart leaves writable.
+    """
+    if os.path.expanduser("~") == "~":  # os.path's expanduser gives up without raising
+        os.environ["HOME"] = os.environ.get("TMPDIR") or "/tmp"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    ensure_home()
     parser = build_parser()
     args = parser.parse_args(argv)
     code: int = args.func(args)

@@ -13,8 +13,10 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 import random
-from typing import Any
+import socket
+from typing import TYPE_CHECKING, Any, cast
 
 import httpx
 import kopf
@@ -41,6 +43,10 @@ from vllm_operator.reconcile.benchmark import reconcile_inference_benchmark
 from vllm_operator.reconcile.inference_service import reconcile_inference_service
 from vllm_operator.reconcile.queue import WorkQueue
 from vllm_operator.settings import OperatorSettings
+
+if TYPE_CHECKING:
+    # Kopf types the identity as a NewType of str that it does not export.
+    from kopf._core.engines.peering import Identity
 
 log = logging.getLogger("vllm_operator")
 # (kind, namespace, name) of the object to reconcile.
@@ -323,6 +329,18 @@ async def pod_event(body: kopf.Body, namespace: str | None, memo: Any, **_: Any)
     _owner_event(body, namespace, memo)
 
 
+def operator_identity() -> Identity:
+    """Who this operator is, to Kopf: ``vllm-operator@<host>/<pid>``.
+
+    Kopf computes its default from ``getpass.getuser()``, even in standalone mode, and that
+    raises ``KeyError`` for a uid with no passwd entry and no ``USER``/``LOGNAME``: the
+    image's own 65532, or OpenShift's random uids. The host is the pod's name in a cluster.
+    Kopf uses the identity only to sign this operator into peering objects, and standalone
+    it writes none.
+    """
+    return cast("Identity", f"vllm-operator@{socket.gethostname()}/{os.getpid()}")
+
+
 def run(settings: OperatorSettings) -> None:
     """Run the operator until it is stopped (SIGINT/SIGTERM)."""
     kopf.configure(
@@ -336,6 +354,7 @@ def run(settings: OperatorSettings) -> None:
     liveness = f"http://0.0.0.0:{settings.health_port}/healthz" if settings.health_port else None
     kopf.run(
         standalone=True,
+        identity=operator_identity(),
         clusterwide=not settings.namespaces,
         namespaces=settings.namespaces,
         liveness_endpoint=liveness,
