@@ -115,6 +115,9 @@ def private_settings(state_dir: Path) -> Settings:
         scheduler_port=base.scheduler_port + PORT_OFFSET,
         kwok_port=base.kwok_port + PORT_OFFSET,
         pod_cidr="127.65.0.0/16",
+        # One machine has room for one real node (its address, bridge and routes): the
+        # shared cluster's.
+        real_node=False,
     )
 
 

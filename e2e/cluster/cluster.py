@@ -40,6 +40,7 @@ from typing import Any
 
 import yaml
 
+from e2e.cluster import node as real_node
 from e2e.cluster import nodes as fake_nodes
 from e2e.cluster import pki
 
@@ -78,13 +79,15 @@ class Settings:
     kwok_port: int
     # Pod IPs are loopback addresses, so a real local process can listen on a pod's IP.
     pod_cidr: str
-    # Never a traffic target: nothing implements Services here (no kube-proxy).
+    # ClusterIPs: kube-proxy on the real node implements them (node.py).
     service_cidr: str
     nodes_file: Path
     # kwok's Stage objects: how fake nodes and pods move through their lives.
     stages_file: Path
     # Upper bound for each component to become healthy.
     timeout_s: float
+    # A real kubelet + containerd node beside the fake ones (node.py); needs root.
+    real_node: bool = True
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -97,12 +100,13 @@ class Settings:
             scheduler_port=_env_int("VLLM_OP_SCHEDULER_PORT", 20259),
             kwok_port=_env_int("VLLM_OP_KWOK_PORT", 20248),
             pod_cidr=os.environ.get("VLLM_OP_POD_CIDR", "127.64.0.0/16"),
-            service_cidr=os.environ.get("VLLM_OP_SERVICE_CIDR", "10.96.0.0/16"),
+            service_cidr=os.environ.get("VLLM_OP_SERVICE_CIDR", real_node.SERVICE_CIDR),
             nodes_file=Path(
                 os.environ.get("VLLM_OP_CLUSTER_NODES") or fake_nodes.DEFAULT_NODES_FILE
             ),
             stages_file=Path(os.environ.get("VLLM_OP_KWOK_STAGES") or STAGES_FILE),
             timeout_s=float(os.environ.get("VLLM_OP_CLUSTER_TIMEOUT", "120")),
+            real_node=real_node.enabled(),
         )
 
     @property
@@ -411,7 +415,9 @@ def _argv(settings: Settings, name: str, bin_dir: Path) -> list[str]:
             "--log-level=warn",
         ]
     if name == "kube-apiserver":
-        return [
+        node_flags = real_node.apiserver_flags() if settings.real_node else []
+        replaced = {f.split("=")[0] for f in node_flags}
+        argv = [
             exe,
             f"--etcd-servers=http://127.0.0.1:{settings.etcd_port}",
             "--bind-address=127.0.0.1",
@@ -427,7 +433,10 @@ def _argv(settings: Settings, name: str, bin_dir: Path) -> list[str]:
             "--authorization-mode=Node,RBAC",
             # On top of the default set (which already has ValidatingAdmissionPolicy,
             # GA since 1.30, and the webhooks); listed so the need is visible here.
-            "--enable-admission-plugins=NodeRestriction,ValidatingAdmissionPolicy",
+            # PodNodeSelector and PodTolerationRestriction let a namespace send all its pods
+            # to the real node (node.real_node_namespace).
+            "--enable-admission-plugins=NodeRestriction,ValidatingAdmissionPolicy,"
+            "PodNodeSelector,PodTolerationRestriction",
             "--allow-privileged=true",
             # The `kubernetes` Service's endpoint would be 127.0.0.1, which endpoint
             # validation rejects (loopback); no pod here talks to it anyway.
@@ -444,6 +453,7 @@ def _argv(settings: Settings, name: str, bin_dir: Path) -> list[str]:
             f"--proxy-client-key-file={p / 'front-proxy-client.key'}",
             "--profiling=false",
         ]
+        return [a for a in argv if a.split("=")[0] not in replaced] + node_flags
     if name == "kube-controller-manager":
         kc = str(_component_kubeconfig(settings, "controller-manager"))
         return [
@@ -596,8 +606,11 @@ def running(settings: Settings) -> dict[str, bool]:
 
 
 def is_healthy(settings: Settings) -> bool:
-    """Every component runs and answers its health check."""
-    return all(running(settings).values()) and all(health(settings, n)[0] for n in COMPONENTS)
+    """Every component runs and answers its health check (the real node's too)."""
+    control_plane = all(running(settings).values()) and all(
+        health(settings, n)[0] for n in COMPONENTS
+    )
+    return control_plane and (not settings.real_node or real_node.is_healthy(settings))
 
 
 def _say(msg: str) -> None:
@@ -605,7 +618,7 @@ def _say(msg: str) -> None:
 
 
 # Kept when the state is reset: logs for post-mortems, the lock because others may hold it.
-_KEPT = ("logs", "lock")
+_KEPT = ("logs", "lock", real_node.HOST_RECORD)
 
 
 def _fresh_state(settings: Settings) -> None:
@@ -653,13 +666,16 @@ def _up(settings: Settings, owner: str) -> ClusterHandle:
                 # Started for tests, now wanted from the command line: tests leave it up.
                 settings.info_file.write_text(json.dumps(info | {"owner": "cli"}, indent=2))
             return _handle(settings, Path(info["bin_dir"]))
-    if any(running(settings).values()):
+    if any(running(settings).values()) or any(real_node.running(settings).values()):
         _say("a partial cluster is running; stopping it first")
         _down(settings, quiet=False)
+    elif (settings.state_dir / real_node.HOST_RECORD).exists():
+        real_node.stop(settings, quiet=False)  # a crashed run left the host changed
 
     bin_dir = resolve_binaries()
     started = time.monotonic()
     _fresh_state(settings)
+    node_bin = real_node.prepare(settings) if settings.real_node else None
     service_ip = str(next(ipaddress.ip_network(settings.service_cidr).hosts()))
     pki.generate(settings.pki_dir, service_ip=service_ip)
     write_kubeconfig(settings, settings.kubeconfig, "admin")
@@ -675,6 +691,8 @@ def _up(settings: Settings, owner: str) -> ClusterHandle:
                 _say(f"{n} healthy after {time.monotonic() - started:.1f} s")
         handle = _handle(settings, bin_dir)
         _register_nodes(settings, handle)
+        if node_bin is not None:
+            real_node.start(settings, handle, node_bin)
         # Pods are refused until their namespace's `default` ServiceAccount exists, which
         # the controller-manager creates: waiting for it proves that controller works.
         wait_until(
@@ -725,6 +743,7 @@ def down(settings: Settings | None = None, *, quiet: bool = False) -> None:
 
 
 def _down(settings: Settings, *, quiet: bool) -> None:
+    real_node.stop(settings, quiet=quiet)
     for name in reversed(COMPONENTS):
         if _stop(settings, name) and not quiet:
             _say(f"stopped {name}")
@@ -772,6 +791,13 @@ def status(settings: Settings | None = None) -> bool:
             state = f"pid {pidfile.pid}, " + ("healthy" if ok else f"unhealthy: {detail[:200]}")
         all_ok &= ok
         print(f"{name:<24} {state}")
+    if settings.real_node:
+        for name, alive in real_node.running(settings).items():
+            ok = alive and real_node.health(name)[0]
+            all_ok &= ok
+            print(
+                f"{name:<24} " + ("healthy" if ok else "running, unhealthy" if alive else "stopped")
+            )
     print(f"{'state folder':<24} {settings.state_dir}")
     if all_ok:
         print(f"{'kubeconfig':<24} {settings.kubeconfig}")

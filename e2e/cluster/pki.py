@@ -43,6 +43,10 @@ CLIENTS: tuple[ClientIdentity, ...] = (
     # kwok writes the status of nodes and pods of every namespace and deletes pods; its
     # rights are cluster-wide anyway, so it gets no narrower role than the admin's.
     ClientIdentity("kwok", "kwok-controller", ("system:masters",)),
+    # The real node (node.py): the Node authorizer and NodeRestriction know a kubelet by
+    # this user and group; kube-proxy's user is bound to system:node-proxier by bootstrap RBAC.
+    ClientIdentity("kubelet", "system:node:real-node", ("system:nodes",)),
+    ClientIdentity("kube-proxy", "system:kube-proxy"),
 )
 
 
@@ -157,6 +161,8 @@ def generate(pki: Path, *, service_ip: str) -> None:
         *(x509.DNSName(d) for d in dns),
         x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
         x509.IPAddress(ipaddress.ip_address(service_ip)),
+        # The real node's address, where pods reach the apiserver (node.py).
+        x509.IPAddress(ipaddress.ip_address("198.18.0.1")),
     )
     key = _new_key()
     cert = _sign(

@@ -52,6 +52,7 @@ import aiohttp
 import yaml
 from kubernetes_asyncio import client, config, watch
 
+from e2e.cluster.node import NODE_NAME as REAL_NODE
 from e2e.vllm_server import TINY_MODELS, tiny_model
 
 REPO: Final = Path(__file__).resolve().parents[2]
@@ -506,6 +507,8 @@ class Runner:
 
     async def handle(self, event: str, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]
+        if pod.get("spec", {}).get("nodeName") == REAL_NODE:
+            return  # a real kubelet runs it (e2e/cluster/node.py)
         key = (meta["namespace"], meta["name"])
         gone = event == "DELETED" or meta.get("deletionTimestamp")
         annotations = meta.get("annotations") or {}
