@@ -1,160 +1,164 @@
-"""``make dev``: the whole thing on this machine, in one command.
+"""``make dev``: the whole thing on this machine, in one command, in real containers.
 
-Starts (or reuses) the local control plane, installs the CRDs, starts the operator as a
-background process, applies the sample InferenceService and waits until it is Ready,
-then shows it. ``python -m e2e.dev down`` stops the operator; ``make cluster-down`` the
-rest.
+Starts (or reuses) the local control plane with its real node (e2e/cluster/node.py),
+builds (or reuses) the images, installs the operator **with its Helm chart, as a pod from
+its own image**, applies the sample InferenceService and waits until it is Ready: its vLLM
+runs in a container from the CPU serving image with exactly the arguments the operator
+rendered, its warmup Job runs as a pod from the operator image and reaches vLLM through
+the Service (CoreDNS, kube-proxy), and the readiness gate opens only after warmup.
+Then it prints where each pod runs and one real chat completion sent to the Service's
+ClusterIP. ``make cluster-down`` stops everything.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-from e2e.cluster import pod_runner
-from e2e.cluster.cluster import ClusterHandle, Settings, up
+import yaml
+
+from e2e.cluster import node
+from e2e.cluster.cluster import ClusterError, ClusterHandle, Settings, up
 
 REPO = Path(__file__).parents[1]
+CHART = REPO / "charts" / "vllm-operator"
 SAMPLE = REPO / "examples" / "dev-sample.yaml"
 NAMESPACE = "dev"
+OPERATOR_NAMESPACE = "vllm-operator-system"
+RELEASE = "vllm-operator"
+SERVICE_LABEL = "inference.vllm-operator.dev/inference-service"
 
 
-def _pid_file(settings: Settings) -> Path:
-    return settings.state_dir / "run" / "operator.pid"
+def _say(msg: str) -> None:
+    print(f"[dev] {msg}", flush=True)
 
 
-def _running(pid_file: Path) -> int | None:
-    try:
-        pid = int(pid_file.read_text())
-        os.kill(pid, 0)
-    except (OSError, ValueError):
-        return None
-    return pid
+def install_operator(
+    cluster: ClusterHandle,
+    *,
+    namespace: str = OPERATOR_NAMESPACE,
+    release: str = RELEASE,
+    extra_values: dict[str, Any] | None = None,
+    timeout_s: int = 180,
+) -> None:
+    """The chart, installed as a user would, with the images built here: the operator runs
+    as a pod on the real node (its namespace sends every pod there, under restricted Pod
+    Security), and services that name no image get the CPU vLLM serving image."""
+    if cluster.settings is None or not node.is_healthy(cluster.settings):
+        raise ClusterError("the cluster runs no real node (VLLM_OP_REAL_NODE=0?)")
+    # Images rebuilt since the node started (an edited operator, say) are imported first.
+    built = node.ensure_images(cluster.settings)
+    cluster.apply(node.real_node_namespace(namespace))
+    repository, tag = built.operator.rsplit(":", 1)
+    values: dict[str, Any] = {
+        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+        # The CRDs are applied from crds/ (the cluster tests share them); the chart's own
+        # copy is the same generated file.
+        "crds": {"install": False},
+        "operator": {"defaultImage": built.vllm, "resyncSeconds": 30},
+    }
+    for key, value in (extra_values or {}).items():
+        values[key] = values.get(key, {}) | value if isinstance(value, dict) else value
+    assert cluster.helm_path is not None
+    values_file = (
+        cluster.settings.state_dir if cluster.settings else REPO
+    ) / f"{release}-values.yaml"
+    values_file.write_text(yaml.safe_dump(values))
+    argv = [
+        str(cluster.helm_path), "upgrade", "--install", release, str(CHART),
+        "--namespace", namespace, "--values", str(values_file),
+        "--wait", f"--timeout={timeout_s}s", f"--kubeconfig={cluster.kubeconfig}",
+    ]  # fmt: skip
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False, env=cluster.env())
+    if proc.returncode != 0:
+        raise ClusterError(f"helm install failed: {proc.stderr.strip()}")
 
 
-def start_operator(cluster: ClusterHandle, settings: Settings) -> int:
-    pid_file = _pid_file(settings)
-    pid = _running(pid_file)
-    if pid is not None:
-        print(f"[dev] the operator is already running (pid {pid})")
-        return pid
-    log_path = settings.state_dir / "logs" / "operator.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    pid_file.parent.mkdir(parents=True, exist_ok=True)
-    env = cluster.env()
-    env.setdefault("VLLM_OPERATOR_KUBECONFIG", str(cluster.kubeconfig))
-    env.setdefault("VLLM_OPERATOR_RESYNC_SECONDS", "30")
-    env.setdefault("VLLM_OPERATOR_METRICS_PORT", "28080")
-    env.setdefault("VLLM_OPERATOR_HEALTH_PORT", "28081")
-    with log_path.open("ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "vllm_operator.cli", "run"],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=REPO,
-            start_new_session=True,
-        )
-    pid_file.write_text(str(proc.pid))
-    print(f"[dev] started the operator (pid {proc.pid}, log {log_path})")
-    return proc.pid
-
-
-def stop_operator(settings: Settings) -> None:
-    pid_file = _pid_file(settings)
-    pid = _running(pid_file)
-    if pid is None:
-        print("[dev] the operator is not running")
-        return
-    os.killpg(pid, signal.SIGTERM)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and _running(pid_file) is not None:
-        time.sleep(0.2)
-    pid_file.unlink(missing_ok=True)
-    print(f"[dev] stopped the operator (pid {pid})")
+def apply_crds(cluster: ClusterHandle) -> None:
+    crds = str(REPO / "crds")
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", crds)
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", crds)
 
 
 def dev_up(timeout: int) -> int:
     settings = Settings.from_env()
+    if not settings.real_node:
+        print("[dev] make dev needs the real node (VLLM_OP_REAL_NODE is 0)", file=sys.stderr)
+        return 2
     started = time.monotonic()
     cluster = up(settings)
-    print(f"[dev] control plane ready; export KUBECONFIG={cluster.kubeconfig}")
-    crds = str(REPO / "crds")
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", crds)
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", crds)
-    start_operator(cluster, settings)
-    runner = pod_runner.start(settings.state_dir, cluster.kubeconfig)
-    print(f"[dev] the pod runner puts a real CPU vLLM behind marked pods (pid {runner})")
-    if cluster.kubectl("get", "namespace", NAMESPACE, check=False).returncode != 0:
-        cluster.kubectl("create", "namespace", NAMESPACE)
-    cluster.kubectl("apply", "-n", NAMESPACE, "-f", str(SAMPLE))
-    print(f"[dev] applied {SAMPLE.relative_to(REPO)}; waiting for Ready")
-    proc = cluster.kubectl(
-        "wait",
-        "--for=condition=Ready",
-        "isvc/tiny-chat",
-        "-n",
-        NAMESPACE,
-        f"--timeout={timeout}s",
-        timeout=timeout + 10,
-        check=False,
+    _say(
+        f"cluster ready after {time.monotonic() - started:.1f} s; "
+        f"export KUBECONFIG={cluster.kubeconfig}"
     )
-    print(cluster.kubectl("get", "isvc,deploy,pods", "-n", NAMESPACE, "-o", "wide").stdout)
+    apply_crds(cluster)
+    install_operator(cluster)
+    _say(f"operator installed with the chart after {time.monotonic() - started:.1f} s")
+    # The vLLM pod is not yet restricted-compliant (it runs as the image's user, with no
+    # securityContext of its own): the sample's namespace enforces baseline, warns restricted.
+    cluster.apply(node.real_node_namespace(NAMESPACE, pod_security="baseline"))
+    cluster.kubectl("apply", "-n", NAMESPACE, "-f", str(SAMPLE))
+    _say(f"applied {SAMPLE.relative_to(REPO)}; waiting for Ready")
+    proc = cluster.kubectl(
+        "wait", "--for=condition=Ready", "isvc/tiny-chat", "-n", NAMESPACE,
+        f"--timeout={timeout}s", timeout=timeout + 10, check=False,
+    )  # fmt: skip
+    for ns in (OPERATOR_NAMESPACE, NAMESPACE):
+        print(cluster.kubectl("get", "pods", "-n", ns, "-o", "wide").stdout)
     if proc.returncode != 0:
         print(cluster.kubectl("describe", "isvc", "tiny-chat", "-n", NAMESPACE).stdout)
+        print(cluster.kubectl("get", "events", "-n", NAMESPACE).stdout)
         print("[dev] the sample did not become Ready", file=sys.stderr)
         return 1
-    status = json.loads(
-        cluster.kubectl("get", "isvc", "tiny-chat", "-n", NAMESPACE, "-o", "json").stdout
-    )["status"]
-    print("[dev] effective vLLM arguments:")
+    status = cluster.kubectl_json("get", "isvc", "tiny-chat", "-n", NAMESPACE)["status"]
+    _say("effective vLLM arguments:")
     for arg in status["tuning"]["arguments"]:
         print(f"  --{arg['name']}={arg['value']}  ({arg['source']}: {arg['reason']})")
-    print(
-        f"[dev] tiny-chat is Ready after {time.monotonic() - started:.1f} s; in-cluster "
+    _say(
+        f"tiny-chat is Ready after {time.monotonic() - started:.1f} s; "
         f"endpoint {status['endpoint']}"
     )
     warm = status.get("warmup") or {}
-    print(
-        f"[dev] warmup: cold TTFT {warm.get('lastColdTtftMilliseconds')} ms, warm TTFT "
+    _say(
+        f"warmup: cold TTFT {warm.get('lastColdTtftMilliseconds')} ms, warm TTFT "
         f"{warm.get('lastWarmTtftMilliseconds')} ms"
     )
+    show_placement(cluster)
     return chat(cluster)
 
 
+def show_placement(cluster: ClusterHandle) -> None:
+    """Where each pod runs, from which image, as which user."""
+    for ns in (OPERATOR_NAMESPACE, NAMESPACE):
+        for pod in cluster.kubectl_json("get", "pods", "-n", ns)["items"]:
+            spec, st = pod["spec"], pod.get("status", {})
+            for c, cs in zip(spec["containers"], st.get("containerStatuses", []), strict=False):
+                _say(
+                    f"{ns}/{pod['metadata']['name']}: node {spec.get('nodeName')}, phase "
+                    f"{st.get('phase')}, image {c['image']}, "
+                    f"container {cs.get('containerID', '')[:25]}"
+                )
+
+
+def service_url(cluster: ClusterHandle, namespace: str, name: str) -> str:
+    """The ClusterIP URL of an InferenceService's Service (kube-proxy routes it)."""
+    services = cluster.kubectl_json(
+        "get", "services", "-n", namespace, "-l", f"{SERVICE_LABEL}={name}"
+    )
+    svc = services["items"][0]
+    port = svc["spec"]["ports"][0]["port"]
+    return f"http://{svc['spec']['clusterIP']}:{port}"
+
+
 def chat(cluster: ClusterHandle) -> int:
-    """One real chat completion from the sample, sent to its Ready pod's address: the
-    local cluster has no Service proxy (kube-proxy needs a real node, and the
-    EndpointSlice controller refuses endpoints on loopback addresses)."""
+    """One real chat completion from the sample, through its Service's ClusterIP."""
     import httpx
 
-    pods = json.loads(
-        cluster.kubectl(
-            "get",
-            "pods",
-            "-n",
-            NAMESPACE,
-            "-l",
-            "inference.vllm-operator.dev/inference-service=tiny-chat",
-            "-o",
-            "json",
-        ).stdout
-    )["items"]
-    ready = [
-        p
-        for p in pods
-        if any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"]["conditions"])
-    ]
-    if not ready:
-        print("[dev] no Ready pod to ask", file=sys.stderr)
-        return 1
-    url = f"http://{ready[0]['status']['podIP']}:8000/v1/chat/completions"
+    url = service_url(cluster, NAMESPACE, "tiny-chat") + "/v1/chat/completions"
     body = {
         "model": "tiny-llama",
         "messages": [{"role": "user", "content": "Say hello to the operator."}],
@@ -162,10 +166,10 @@ def chat(cluster: ClusterHandle) -> int:
     }
     response = httpx.post(url, json=body, timeout=60)
     response.raise_for_status()
-    answer = response.json()
-    print(f"[dev] POST {url}")
-    print(
-        f"[dev] answer ({answer['usage']['completion_tokens']} tokens; the weights are "
+    answer: dict[str, Any] = response.json()
+    _say(f"POST {url} (the Service's ClusterIP, through kube-proxy)")
+    _say(
+        f"answer ({answer['usage']['completion_tokens']} tokens; the weights are "
         f"random): {answer['choices'][0]['message']['content']!r}"
     )
     return 0
@@ -174,13 +178,10 @@ def chat(cluster: ClusterHandle) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m e2e.dev", description=__doc__)
     parser.add_argument("action", choices=["up", "down"], nargs="?", default="up")
-    parser.add_argument("--timeout", type=int, default=300, help="seconds to wait for Ready")
+    parser.add_argument("--timeout", type=int, default=420, help="seconds to wait for Ready")
     args = parser.parse_args(argv)
     if args.action == "down":
-        settings = Settings.from_env()
-        stop_operator(settings)
-        pod_runner.stop(settings.state_dir)
-        return 0
+        return 0  # the operator is a pod: `python -m e2e.cluster down` ends it with the rest
     return dev_up(args.timeout)
 
 
