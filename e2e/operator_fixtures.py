@@ -31,6 +31,38 @@ def crds(cluster: ClusterHandle) -> ClusterHandle:
     return cluster
 
 
+@pytest.fixture(scope="session")
+def lock_policy(crds: ClusterHandle) -> Iterator[None]:
+    """The chart's ValidatingAdmissionPolicy for the scale-down lock, rendered by helm and
+    applied once for the whole session.
+
+    Once, and never deleted before the session ends: kube-apiserver 1.36 stops the shared
+    informer of a built-in paramKind (ours is the Job) when the last binding that uses it
+    goes, and a policy created later reuses the stopped informer, finds no params and,
+    with parameterNotFoundAction Allow, allows every scale-down (kubernetes/kubernetes
+    #130887; fix in review, #141015, backport #142150). So the real-node tests install the
+    chart with its own copy of the policy turned off and rely on this one."""
+    assert crds.helm_path is not None
+    rendered = subprocess.run(
+        [
+            str(crds.helm_path),
+            "template",
+            "t",
+            str(REPO / "charts" / "vllm-operator"),
+            "--show-only",
+            "templates/admission-policy.yaml",
+            "--kube-version",
+            "1.36.3",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    crds.kubectl("apply", "-f", "-", input=rendered)
+    yield
+    crds.kubectl("delete", "-f", "-", input=rendered, check=False)
+
+
 class OperatorProcess:
     """``vllm-operator run`` as a child process; stop() and start() simulate restarts."""
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,30 +23,6 @@ from vllm_operator.bench.archive import unpack
 
 GROUP = "inference.vllm-operator.dev"
 REPO = Path(__file__).parents[1]
-
-
-@pytest.fixture(scope="module")
-def lock_policy(crds: ClusterHandle) -> Iterator[None]:
-    """The chart's ValidatingAdmissionPolicy for the lock, rendered by helm and applied."""
-    assert crds.helm_path is not None
-    rendered = subprocess.run(
-        [
-            str(crds.helm_path),
-            "template",
-            "t",
-            str(REPO / "charts" / "vllm-operator"),
-            "--show-only",
-            "templates/admission-policy.yaml",
-            "--kube-version",
-            "1.36.3",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    crds.kubectl("apply", "-f", "-", input=rendered)
-    yield
-    crds.kubectl("delete", "-f", "-", input=rendered, check=False)
 
 
 def _target(name: str, replicas: int) -> dict[str, Any]:
