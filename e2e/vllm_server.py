@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import json
 import os
 import re
 import signal
@@ -33,12 +34,14 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 VLLM_CPU_SCRIPT = REPO_ROOT / "scripts" / "vllm-cpu.sh"
@@ -480,3 +483,36 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def stream_completion(
+    url: str, model: str, out: dict[str, Any], started: threading.Event, *, tokens: int
+) -> None:
+    """Streams one completion of exactly ``tokens`` tokens from ``url`` (an OpenAI base URL
+    without /v1), for drain tests run in a thread: ``started`` is set at the first token,
+    and ``out`` gets the chunk count, the finish reason and the usage, or ``error``."""
+    import httpx
+
+    body = {
+        "model": model,
+        "prompt": "drain me",
+        "max_tokens": tokens,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    chunks, finish, usage = 0, None, None
+    try:
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=180) as response:
+            for line in response.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[6:])
+                for choice in event.get("choices") or []:
+                    chunks += 1
+                    finish = choice.get("finish_reason") or finish
+                    started.set()
+                usage = event.get("usage") or usage
+    except httpx.HTTPError as err:
+        out["error"] = repr(err)
+    out.update(chunks=chunks, finish=finish, usage=usage)

@@ -5,46 +5,18 @@ without failing the requests it still holds."""
 
 from __future__ import annotations
 
-import json
 import signal
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-from e2e.vllm_server import OneServer
+from e2e.vllm_server import OneServer, stream_completion
 
 from vllm_operator.render.deployment import DRAIN_SECONDS
 
 TOKENS = 1200
-
-
-def _stream(url: str, model: str, out: dict[str, Any], started: threading.Event) -> None:
-    body = {
-        "model": model,
-        "prompt": "drain me",
-        "max_tokens": TOKENS,
-        "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    chunks, finish, usage = 0, None, None
-    try:
-        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as response:
-            for line in response.iter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                event = json.loads(line[6:])
-                for choice in event.get("choices") or []:
-                    chunks += 1
-                    finish = choice.get("finish_reason") or finish
-                    started.set()
-                usage = event.get("usage") or usage
-    except httpx.HTTPError as err:
-        out["error"] = repr(err)
-    out.update(chunks=chunks, finish=finish, usage=usage)
 
 
 @pytest.mark.vllm
@@ -64,7 +36,11 @@ def test_sigterm_lets_the_streams_in_flight_finish(
     results: list[dict[str, Any]] = [{} for _ in range(4)]
     started = [threading.Event() for _ in results]
     threads = [
-        threading.Thread(target=_stream, args=(server.url, server.model_name, out, ev))
+        threading.Thread(
+            target=stream_completion,
+            args=(server.url, server.model_name, out, ev),
+            kwargs={"tokens": TOKENS},
+        )
         for out, ev in zip(results, started, strict=True)
     ]
     for t in threads:

@@ -1,0 +1,427 @@
+"""The product in real containers under a real kubelet (e2e/cluster/node.py).
+
+What a simulated kubelet cannot show is shown here: the operator's image running as its
+own uid with a read-only root, installed by its chart and holding only the chart's
+ServiceAccount token; an InferenceService served by a container of the CPU vLLM image
+with exactly the arguments the operator rendered (so a flag that vLLM version lacks would
+fail the pod), warmed up by a Job pod of the operator's image that reaches vLLM through
+the Service (CoreDNS and kube-proxy), behind the readiness gate; /dev/shm as the planned
+memory-backed volume; Pod Security enforced; and the faults a user meets (an image that
+does not exist, a container that exits, one killed for memory, a pod that fits nowhere),
+each produced for real.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from e2e.cluster import node
+from e2e.cluster.cluster import ClusterHandle, wait_until
+from e2e.cluster.images import Images
+from e2e.dev import service_url
+from e2e.real_node_fixtures import ChartOperator, operator_pod
+from e2e.vllm_server import stream_completion
+from vllm_operator.render.deployment import DRAIN_SECONDS
+
+REPO = Path(__file__).parents[1]
+SAMPLE = REPO / "examples" / "dev-sample.yaml"
+SERVICE_LABEL = "inference.vllm-operator.dev/inference-service"
+WARMUP_LABEL = "inference.vllm-operator.dev/warmup-for"
+GATE = "inference.vllm-operator.dev/warmed-up"
+MiB = 1024 * 1024
+TOKENS = 400
+
+
+def _condition(obj: dict[str, Any], kind: str) -> str | None:
+    for c in obj.get("status", {}).get("conditions", []):
+        if c["type"] == kind:
+            return str(c["status"])
+    return None
+
+
+def _exec(cluster: ClusterHandle, ns: str, pod: str, *argv: str) -> Any:
+    return cluster.kubectl("exec", "-n", ns, pod, "--", *argv, check=False, timeout=60)
+
+
+# --------------------------------------------------------------------------- the operator
+
+
+def test_the_chart_runs_the_operator_image_as_65532_with_a_read_only_root(
+    cluster: ClusterHandle, chart_operator: ChartOperator, real_images: Images
+) -> None:
+    pod = operator_pod(cluster, chart_operator.namespace)
+    name = pod["metadata"]["name"]
+    assert pod["spec"]["nodeName"] == node.NODE_NAME
+    status = pod["status"]["containerStatuses"][0]
+    assert pod["spec"]["containers"][0]["image"] == real_images.operator
+    assert status["ready"] is True and status["restartCount"] == 0, status
+    probe = _exec(
+        cluster, chart_operator.namespace, name, "python", "-c",
+        "import os; print(os.getuid(), os.getgid()); open('/probe', 'w')",
+    )  # fmt: skip
+    assert probe.stdout.split() == ["65532", "65532"], probe.stdout + probe.stderr
+    assert probe.returncode != 0 and "Read-only file system" in probe.stderr, probe.stderr
+    # Its only credentials are the chart's ServiceAccount token, mounted by the kubelet.
+    who = _exec(
+        cluster, chart_operator.namespace, name, "python", "-c",
+        "import base64, json; t = open('/var/run/secrets/kubernetes.io/serviceaccount/token')"
+        ".read().split('.')[1]; print(json.loads(base64.urlsafe_b64decode(t + '=='))['sub'])",
+    )  # fmt: skip
+    assert who.stdout.strip() == (
+        f"system:serviceaccount:{chart_operator.namespace}:{pod['spec']['serviceAccountName']}"
+    ), who.stderr
+    logs = cluster.kubectl("logs", "-n", chart_operator.namespace, name).stdout
+    assert "Started the vllm-operator" in logs, logs[-3000:]
+    assert "Traceback" not in logs, logs[-3000:]
+
+
+# --------------------------------------------------------------------------- serving
+
+
+def _sample(name: str) -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load(SAMPLE.read_text())
+    doc["metadata"]["name"] = name
+    return doc
+
+
+@pytest.fixture(scope="module")
+def served(cluster: ClusterHandle, chart_operator: ChartOperator) -> Iterator[str]:
+    """The sample, applied in a real-node namespace and Ready; yields the namespace.
+
+    Its namespace enforces baseline, not restricted: the vLLM pod the operator renders has
+    no securityContext of its own yet (restricted is warned)."""
+    ns = f"e2e-rn-served-{secrets.token_hex(3)}"
+    cluster.apply(node.real_node_namespace(ns, pod_security="baseline"))
+    cluster.kubectl("wait", "--for=create", "serviceaccount/default", "-n", ns, "--timeout=60s")
+    try:
+        cluster.apply(_sample("tiny-chat"), namespace=ns)
+        cluster.kubectl(
+            "wait", "--for=condition=Ready", "isvc/tiny-chat", "-n", ns, "--timeout=480s",
+            timeout=500,
+        )  # fmt: skip
+        yield ns
+    finally:
+        cluster.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=120s",
+                        check=False, timeout=130)  # fmt: skip
+
+
+def _server_pod(cluster: ClusterHandle, ns: str) -> dict[str, Any]:
+    pods = cluster.kubectl_json("get", "pods", "-n", ns, "-l", f"{SERVICE_LABEL}=tiny-chat")
+    servers = [
+        p
+        for p in pods["items"]
+        if WARMUP_LABEL not in p["metadata"]["labels"]
+        and not p["metadata"].get("deletionTimestamp")
+    ]
+    assert len(servers) == 1, [p["metadata"]["name"] for p in servers]
+    return servers[0]
+
+
+def test_a_service_is_served_by_a_real_vllm_container_after_a_real_warmup(
+    cluster: ClusterHandle, served: str, real_images: Images
+) -> None:
+    ns = served
+    deployment = cluster.kubectl_json(
+        "get", "deployments", "-n", ns, "-l", f"{SERVICE_LABEL}=tiny-chat"
+    )["items"][0]
+    rendered = deployment["spec"]["template"]["spec"]["containers"][0]
+    server = _server_pod(cluster, ns)
+    pod_name = server["metadata"]["name"]
+
+    # The serving image ran, on the real node, with the operator's arguments untouched.
+    assert server["spec"]["nodeName"] == node.NODE_NAME
+    container = server["spec"]["containers"][0]
+    assert container["image"] == real_images.vllm
+    assert container["command"] == ["vllm", "serve"]
+    assert container["args"] == rendered["args"]
+    assert "--shutdown-timeout" in container["args"]
+    assert server["status"]["containerStatuses"][0]["restartCount"] == 0
+    # The readiness gate is what made it Ready, and the operator set it after warmup.
+    assert server["spec"]["readinessGates"] == [{"conditionType": GATE}]
+    assert _condition(server, GATE) == "True"
+    assert _condition(server, "Ready") == "True"
+    # The entry point checked the whole list with this vLLM's own parser, then adapted.
+    logs = cluster.kubectl("logs", "-n", ns, pod_name).stdout
+    assert "vllm-cpu-serve" in logs, logs[-3000:]
+
+    # /dev/shm is the planned memory-backed volume, of the planned size.
+    shm = _exec(
+        cluster, ns, pod_name, "python3", "-c",
+        "import os; s = os.statvfs('/dev/shm'); print(s.f_blocks * s.f_frsize)",
+    )  # fmt: skip
+    assert int(shm.stdout) == 256 * MiB, shm.stdout + shm.stderr
+
+    # The warmup Job ran as a pod of the operator's image on the real node, and reached
+    # the server at its pod address across the node's pod network.
+    jobs = cluster.kubectl_json("get", "pods", "-n", ns, "-l", f"{WARMUP_LABEL}")["items"]
+    assert jobs, "no warmup pod"
+    warm = jobs[0]
+    assert warm["spec"]["nodeName"] == node.NODE_NAME
+    assert warm["spec"]["containers"][0]["image"] == real_images.operator
+    assert warm["status"]["phase"] == "Succeeded"
+    endpoint = f"http://{server['status']['podIP']}:8000"
+    assert endpoint in warm["spec"]["containers"][0]["args"]
+    assert server["status"]["podIP"].startswith("198.18.1.")
+    isvc = cluster.kubectl_json("get", "isvc", "tiny-chat", "-n", ns)
+    warmup = isvc["status"]["warmup"]
+    assert warmup["lastColdTtftMilliseconds"] > 0 and warmup["lastWarmTtftMilliseconds"] > 0
+
+    # A chat completion through the Service's ClusterIP (kube-proxy's rules).
+    url = service_url(cluster, ns, "tiny-chat")
+    body = {"model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+    answer = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["usage"]["completion_tokens"] > 0
+
+
+def test_a_benchmark_runs_as_a_real_load_job_under_the_scale_down_lock(
+    cluster: ClusterHandle, served: str, real_images: Images
+) -> None:
+    """The load Job is a pod of the operator image on the real node: it reaches the target
+    through the Service's DNS name, writes its results ConfigMap with the ServiceAccount
+    token the kubelet mounts, and holds the chart's scale-down lock while it runs."""
+    ns = served
+    bench = {
+        "apiVersion": "inference.vllm-operator.dev/v1alpha1",
+        "kind": "InferenceBenchmark",
+        "metadata": {"name": "real-load"},
+        "spec": {
+            "targetRef": {"name": "tiny-chat"},
+            "workload": {
+                "promptTokens": {"type": "Fixed", "value": 16},
+                "outputTokens": {"type": "Fixed", "value": 8},
+            },
+            "arrival": {"process": "Poisson", "ratePerSecond": 2},
+            "durationSeconds": 30,
+            "endpoint": {"api": "Completions", "stream": True},
+            "seed": 1,
+        },
+    }
+    cluster.apply(bench, namespace=ns)
+
+    def phase() -> str | None:
+        got = cluster.kubectl_json("get", "inferencebenchmark", "real-load", "-n", ns)
+        return got.get("status", {}).get("phase")
+
+    wait_until("the benchmark Running", lambda: phase() == "Running", 180)
+    refused = cluster.kubectl("scale", "isvc/tiny-chat", "-n", ns, "--replicas=0", check=False)
+    assert refused.returncode != 0, "scale-down allowed during the benchmark"
+    assert "holds the scale-down lock" in refused.stderr, refused.stderr
+    wait_until("the benchmark ended", lambda: phase() in ("Succeeded", "Failed"), 240)
+    status = cluster.kubectl_json("get", "inferencebenchmark", "real-load", "-n", ns)["status"]
+    assert status["phase"] == "Succeeded", status
+    headline = status["headline"]
+    assert headline["requests"] > 0 and headline["succeeded"] == headline["requests"], headline
+
+    pods = cluster.kubectl_json(
+        "get", "pods", "-n", ns, "-l", "job-name=real-load-load"
+    )["items"]  # fmt: skip
+    assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
+    load = pods[0]
+    assert load["spec"]["nodeName"] == node.NODE_NAME
+    assert load["spec"]["containers"][0]["image"] == real_images.operator
+    assert load["status"]["phase"] == "Succeeded"
+    args = load["spec"]["containers"][0]["args"]
+    assert args[args.index("--endpoint") + 1] == f"http://tiny-chat.{ns}.svc:8000"
+    results = cluster.kubectl_json("get", "configmap", "real-load-results", "-n", ns)
+    assert results["data"]["requests"] == str(headline["requests"])
+
+
+def test_deleting_the_pod_lets_the_streams_in_flight_finish(
+    cluster: ClusterHandle, served: str
+) -> None:
+    """The drain as the real kubelet runs it: the preStop delay while the Service stops
+    routing to the pod, then SIGTERM, then vLLM's --shutdown-timeout for what it holds."""
+    ns = served
+    server = _server_pod(cluster, ns)
+    name = server["metadata"]["name"]
+    url = service_url(cluster, ns, "tiny-chat")
+    results: list[dict[str, Any]] = [{} for _ in range(4)]
+    started = [threading.Event() for _ in results]
+    threads = [
+        threading.Thread(
+            target=stream_completion, args=(url, "tiny-llama", out, ev), kwargs={"tokens": TOKENS}
+        )
+        for out, ev in zip(results, started, strict=True)
+    ]
+    for t in threads:
+        t.start()
+    for ev in started:
+        assert ev.wait(60), "no stream started"
+    deleted = time.monotonic()
+    cluster.kubectl("delete", "pod", name, "-n", ns, "--wait=false")
+    for t in threads:
+        t.join(timeout=DRAIN_SECONDS + 60)
+    for out in results:
+        assert "error" not in out, out
+        assert out["finish"] == "length", out
+        assert out["usage"]["completion_tokens"] == TOKENS, out
+    finished = time.monotonic() - deleted
+    # The container ended by itself (exit 0), within the pod's grace period.
+    wait_until(
+        f"pod {name} gone",
+        lambda: cluster.kubectl("get", "pod", name, "-n", ns, check=False).returncode != 0,
+        DRAIN_SECONDS + 60,
+    )
+    events = cluster.kubectl(
+        "get", "events", "-n", ns, f"--field-selector=involvedObject.name={name}", "-o", "json"
+    ).stdout
+    assert "FailedPreStopHook" not in events and "FailedKillPod" not in events, events
+    print(f"4 streams of {TOKENS} tokens finished {finished:.1f} s after the pod's deletion")
+
+
+# --------------------------------------------------------------------------- pod security
+
+
+def _restricted_pod(name: str, image: str, args: list[str], **resources: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Always",
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": 65532,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [
+                {
+                    "name": "main",
+                    "image": image,
+                    "imagePullPolicy": "IfNotPresent",
+                    "args": args,
+                    "resources": resources or {"limits": {"memory": "128Mi"}},
+                    "securityContext": {
+                        "allowPrivilegeEscalation": False,
+                        "readOnlyRootFilesystem": True,
+                        "capabilities": {"drop": ["ALL"]},
+                    },
+                }
+            ],
+        },
+    }
+
+
+def test_restricted_pod_security_is_enforced_on_the_real_nodes_namespaces(
+    cluster: ClusterHandle, real_images: Images, real_namespace: Callable[..., str]
+) -> None:
+    ns = real_namespace()
+    privileged = _restricted_pod("privileged", real_images.operator, ["--version"])
+    privileged["spec"]["containers"][0]["securityContext"] = {"privileged": True}
+    refused = cluster.kubectl(
+        "apply", "-n", ns, "-f", "-", input=json.dumps(privileged), check=False
+    )
+    assert refused.returncode != 0
+    assert 'violates PodSecurity "restricted:latest"' in refused.stderr, refused.stderr
+    # The same image under the restricted profile runs to completion on the real node.
+    ok = _restricted_pod("restricted", real_images.operator, ["--version"])
+    ok["spec"]["restartPolicy"] = "Never"
+    cluster.apply(ok, namespace=ns)
+    wait_until(
+        "the restricted pod Succeeded",
+        lambda: (
+            cluster.kubectl_json("get", "pod", "restricted", "-n", ns)["status"].get("phase")
+            == "Succeeded"
+        ),
+        120,
+    )
+    got = cluster.kubectl_json("get", "pod", "restricted", "-n", ns)
+    assert got["spec"]["nodeName"] == node.NODE_NAME
+    assert "vllm-operator" in cluster.kubectl("logs", "-n", ns, "restricted").stdout
+
+
+# --------------------------------------------------------------------------- faults
+
+
+def _waiting_reason(cluster: ClusterHandle, ns: str, name: str) -> str | None:
+    statuses = cluster.kubectl_json("get", "pod", name, "-n", ns)["status"].get(
+        "containerStatuses", []
+    )
+    waiting = statuses[0].get("state", {}).get("waiting", {}) if statuses else {}
+    reason = waiting.get("reason")
+    return str(reason) if reason else None
+
+
+def _last_terminated(cluster: ClusterHandle, ns: str, name: str) -> dict[str, Any]:
+    statuses = cluster.kubectl_json("get", "pod", name, "-n", ns)["status"].get(
+        "containerStatuses", []
+    )
+    if not statuses:
+        return {}
+    st = statuses[0]
+    term = st.get("lastState", {}).get("terminated") or st.get("state", {}).get("terminated")
+    return dict(term or {})
+
+
+def test_the_real_node_produces_image_pull_crash_loop_oom_and_unschedulable_pods(
+    cluster: ClusterHandle, real_images: Images, real_namespace: Callable[..., str]
+) -> None:
+    ns = real_namespace()
+    image = real_images.operator
+    pods = [
+        _restricted_pod("no-image", "localhost/vllm-operator:does-not-exist", ["--version"]),
+        _restricted_pod("exits", image, ["no-such-command"]),
+        _restricted_pod(
+            "oom",
+            image,
+            [],
+            limits={"memory": "48Mi"},
+            requests={"memory": "48Mi"},
+        ),
+        _restricted_pod(
+            "fits-nowhere",
+            image,
+            ["--version"],
+            limits={"nvidia.com/gpu": "64"},
+            requests={"nvidia.com/gpu": "64"},
+        ),
+    ]
+    # The operator image's entry point is vllm-operator; this one allocates past its limit.
+    pods[2]["spec"]["containers"][0]["command"] = [
+        "python", "-c", "b = bytearray(256 * 1024 * 1024); print(len(b))",
+    ]  # fmt: skip
+    cluster.apply(pods, namespace=ns)
+
+    wait_until(
+        "ErrImagePull/ImagePullBackOff",
+        lambda: _waiting_reason(cluster, ns, "no-image") in ("ErrImagePull", "ImagePullBackOff"),
+        120,
+    )
+    wait_until(
+        "CrashLoopBackOff",
+        lambda: _waiting_reason(cluster, ns, "exits") == "CrashLoopBackOff",
+        120,
+    )
+    exited = _last_terminated(cluster, ns, "exits")
+    assert exited.get("exitCode") == 2, exited  # argparse's "invalid choice"
+    wait_until(
+        "OOMKilled",
+        lambda: _last_terminated(cluster, ns, "oom").get("reason") == "OOMKilled",
+        120,
+    )
+    assert _last_terminated(cluster, ns, "oom")["exitCode"] == 137
+    wait_until(
+        "PodScheduled=False, Unschedulable",
+        lambda: any(
+            c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable"
+            for c in cluster.kubectl_json("get", "pod", "fits-nowhere", "-n", ns)["status"].get(
+                "conditions", []
+            )
+        ),
+        60,
+    )
+    for name in ("no-image", "exits", "oom"):
+        assert (
+            cluster.kubectl_json("get", "pod", name, "-n", ns)["spec"]["nodeName"] == node.NODE_NAME
+        )
