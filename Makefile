@@ -77,16 +77,16 @@ verify: lint ## Lint, and check that every generated file is current.
 	$(BIN)/vllm-operator crds --check --out crds
 
 .PHONY: cluster-up
-cluster-up: setup ## Start the local control plane (etcd, apiserver, controllers, scheduler, kwok).
+cluster-up: setup ## Start the local cluster: control plane, kwok's fake nodes and one real node.
 	$(PY) -m e2e.cluster up
 
 .PHONY: cluster-down
-cluster-down: venv ## Stop the operator started by `make dev` and the local control plane.
+cluster-down: venv ## Stop the local cluster (the operator of `make dev` with it); undo the node's host changes.
 	$(PY) -m e2e.dev down
 	$(PY) -m e2e.cluster down
 
 .PHONY: dev
-dev: setup ## Control plane + CRDs + operator + the sample InferenceService, until Ready.
+dev: setup ## Local cluster + CRDs + the operator's chart (a pod) + the sample InferenceService, until Ready.
 	$(PY) -m e2e.dev up
 
 .PHONY: chart
