@@ -596,10 +596,10 @@ def _handle(settings: Settings, bin_dir: Path) -> ClusterHandle:
 # --------------------------------------------------------------------------- up / down
 
 
-def running(settings: Settings) -> dict[str, bool]:
+def running(settings: Settings, names: Sequence[str] = COMPONENTS) -> dict[str, bool]:
     """Which components have a live process (health not asked)."""
     result = {}
-    for name in COMPONENTS:
+    for name in names:
         pidfile = PidFile.read(settings, name)
         result[name] = pidfile is not None and pidfile.alive()
     return result

@@ -639,13 +639,9 @@ def built_images(settings: Settings) -> images.Images | None:
 
 
 def running(settings: Settings) -> dict[str, bool]:
-    from e2e.cluster.cluster import PidFile
+    from e2e.cluster import cluster
 
-    out = {}
-    for name in COMPONENTS:
-        pidfile = PidFile.read(settings, name)
-        out[name] = pidfile is not None and pidfile.alive()
-    return out
+    return cluster.running(settings, COMPONENTS)
 
 
 def is_healthy(settings: Settings) -> bool:
