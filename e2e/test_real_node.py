@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,7 +29,7 @@ from e2e.cluster.cluster import ClusterHandle, wait_until
 from e2e.cluster.images import Images
 from e2e.dev import service_url
 from e2e.real_node_fixtures import ChartOperator, operator_pod
-from e2e.vllm_server import stream_completion
+from e2e.vllm_server import Streams
 from vllm_operator.render.deployment import DRAIN_SECONDS
 
 REPO = Path(__file__).parents[1]
@@ -246,26 +245,11 @@ def test_deleting_the_pod_lets_the_streams_in_flight_finish(
     server = _server_pod(cluster, ns)
     name = server["metadata"]["name"]
     url = service_url(cluster, ns, "tiny-chat")
-    results: list[dict[str, Any]] = [{} for _ in range(4)]
-    started = [threading.Event() for _ in results]
-    threads = [
-        threading.Thread(
-            target=stream_completion, args=(url, "tiny-llama", out, ev), kwargs={"tokens": TOKENS}
-        )
-        for out, ev in zip(results, started, strict=True)
-    ]
-    for t in threads:
-        t.start()
-    for ev in started:
-        assert ev.wait(60), "no stream started"
+    streams = Streams(url, "tiny-llama", count=4, tokens=TOKENS)
+    streams.start()
     deleted = time.monotonic()
     cluster.kubectl("delete", "pod", name, "-n", ns, "--wait=false")
-    for t in threads:
-        t.join(timeout=DRAIN_SECONDS + 60)
-    for out in results:
-        assert "error" not in out, out
-        assert out["finish"] == "length", out
-        assert out["usage"]["completion_tokens"] == TOKENS, out
+    streams.finish(DRAIN_SECONDS + 60)
     finished = time.monotonic() - deleted
     # The container ended by itself (exit 0), within the pod's grace period.
     wait_until(

@@ -516,3 +516,36 @@ def stream_completion(
     except httpx.HTTPError as err:
         out["error"] = repr(err)
     out.update(chunks=chunks, finish=finish, usage=usage)
+
+
+class Streams:
+    """``count`` completions of ``tokens`` tokens streamed at once, each in a thread: what
+    a drain test holds in flight while it stops the server."""
+
+    def __init__(self, url: str, model: str, *, count: int, tokens: int) -> None:
+        self.tokens = tokens
+        self.results: list[dict[str, Any]] = [{} for _ in range(count)]
+        self._started = [threading.Event() for _ in self.results]
+        self._threads = [
+            threading.Thread(
+                target=stream_completion, args=(url, model, out, ev), kwargs={"tokens": tokens}
+            )
+            for out, ev in zip(self.results, self._started, strict=True)
+        ]
+
+    def start(self, timeout_s: float = 60) -> None:
+        """Starts every stream and returns once each has its first token."""
+        for t in self._threads:
+            t.start()
+        for ev in self._started:
+            if not ev.wait(timeout_s):
+                raise AssertionError(f"a stream had no token after {timeout_s:.0f} s")
+
+    def finish(self, timeout_s: float) -> None:
+        """Waits for every stream, and checks that each got all its tokens, uncut."""
+        for t in self._threads:
+            t.join(timeout=timeout_s)
+        for out in self.results:
+            assert "error" not in out, out
+            assert out["finish"] == "length", out
+            assert out["usage"]["completion_tokens"] == self.tokens, out
