@@ -350,7 +350,7 @@ def _container(docs: list[Manifest]) -> Manifest:
     return result
 
 
-def test_the_operator_runs_once_with_recreate_and_a_liveness_probe() -> None:
+def test_the_operator_runs_once_with_recreate_and_liveness_and_readiness_probes() -> None:
     dep = one(render(), "Deployment")
     assert dep["spec"]["replicas"] == 1
     assert dep["spec"]["strategy"] == {"type": "Recreate"}
@@ -359,6 +359,7 @@ def test_the_operator_runs_once_with_recreate_and_a_liveness_probe() -> None:
     assert container["args"] == ["run"]
     probe = container["livenessProbe"]
     assert probe["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"metrics": 8080, "health": 8081}
     assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
