@@ -29,7 +29,6 @@ from e2e.cluster.cluster import ClusterHandle, wait_until
 from e2e.cluster.images import Images
 from e2e.dev import service_url
 from e2e.real_node_fixtures import ChartOperator, operator_pod
-from e2e.test_warmup import _ttft
 from e2e.vllm_server import Streams
 from vllm_operator.render.deployment import DRAIN_SECONDS
 
@@ -128,19 +127,6 @@ def _server_pod(cluster: ClusterHandle, ns: str) -> dict[str, Any]:
     ]
     assert len(servers) == 1, [p["metadata"]["name"] for p in servers]
     return servers[0]
-
-
-def test_the_first_request_after_ready_is_served_warm(cluster: ClusterHandle, served: str) -> None:
-    """The first request the pod sees after Ready (the first test on ``served``): warmup
-    through the real kubelet's gate left nothing cold for it."""
-    ns = served
-    server = _server_pod(cluster, ns)
-    url = f"http://{server['status']['podIP']}:8000/v1/chat/completions"
-    first_ms = _ttft(url, "first") * 1000
-    after = sorted(_ttft(url, f"later {i}") * 1000 for i in range(7))
-    warm_ms = after[len(after) // 2]
-    print(f"first request after Ready: TTFT {first_ms:.1f} ms; warm median {warm_ms:.1f} ms")
-    assert first_ms <= 1.5 * warm_ms, f"first TTFT {first_ms:.1f} ms vs warm {warm_ms:.1f} ms"
 
 
 def test_a_service_is_served_by_a_real_vllm_container_after_a_real_warmup(
