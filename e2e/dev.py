@@ -23,6 +23,7 @@ import yaml
 
 from e2e.cluster import node
 from e2e.cluster.cluster import ClusterError, ClusterHandle, Settings, up
+from vllm_operator.constants import LABEL_SERVICE as SERVICE_LABEL
 
 REPO = Path(__file__).parents[1]
 CHART = REPO / "charts" / "vllm-operator"
@@ -30,7 +31,6 @@ SAMPLE = REPO / "examples" / "dev-sample.yaml"
 NAMESPACE = "dev"
 OPERATOR_NAMESPACE = "vllm-operator-system"
 RELEASE = "vllm-operator"
-SERVICE_LABEL = "inference.vllm-operator.dev/inference-service"
 
 
 def _say(msg: str) -> None:

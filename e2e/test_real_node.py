@@ -30,13 +30,13 @@ from e2e.cluster.images import Images
 from e2e.dev import service_url
 from e2e.real_node_fixtures import ChartOperator, operator_pod
 from e2e.vllm_server import Streams
+from vllm_operator.constants import LABEL_SERVICE as SERVICE_LABEL
+from vllm_operator.constants import LABEL_WARMUP_FOR as WARMUP_LABEL
+from vllm_operator.constants import WARMED_UP_CONDITION as GATE
 from vllm_operator.render.deployment import DRAIN_SECONDS
 
 REPO = Path(__file__).parents[1]
 SAMPLE = REPO / "examples" / "dev-sample.yaml"
-SERVICE_LABEL = "inference.vllm-operator.dev/inference-service"
-WARMUP_LABEL = "inference.vllm-operator.dev/warmup-for"
-GATE = "inference.vllm-operator.dev/warmed-up"
 MiB = 1024 * 1024
 TOKENS = 400
 
