@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
+import pytest
 import yaml
+from pydantic import ValidationError
 
 from vllm_operator.constants import TESTED_VLLM_VERSION
 from vllm_operator.settings import OperatorSettings
@@ -42,3 +45,34 @@ def test_the_readmes_settings_table_gives_the_operators_default_image() -> None:
         r"^\| `VLLM_OPERATOR_DEFAULT_IMAGE` \| `([^`]+)` \|", (REPO / "README.md").read_text(), re.M
     )
     assert row == DEFAULT_IMAGE
+
+
+def test_the_job_resources_default_to_the_charts_values() -> None:
+    values = yaml.safe_load((REPO / "charts" / "vllm-operator" / "values.yaml").read_text())
+    defaults = OperatorSettings()
+    assert defaults.warmup_resources.to_wire() == values["operator"]["warmupResources"]
+    assert defaults.load_resources.to_wire() == values["operator"]["loadResources"]
+
+
+def test_job_resources_are_read_as_json_from_the_environment(monkeypatch: Any) -> None:
+    monkeypatch.setenv("VLLM_OPERATOR_LOAD_RESOURCES", '{"requests": {"cpu": "250m"}}')
+    assert OperatorSettings().load_resources.to_wire() == {"requests": {"cpu": "250m"}}
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ('{"requests": {"cpu": "lots"}}', "requests.cpu: 'lots' is not a Kubernetes quantity"),
+        ('{"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}', "requests.cpu (2) is more than"),
+        ('{"request": {"cpu": "1"}}', "request"),
+        ('{"limits": {"bad name!": "1"}}', "'bad name!' is not a resource name"),
+    ],
+)
+def test_bad_job_resources_are_refused_naming_the_setting(
+    monkeypatch: Any, value: str, says: str
+) -> None:
+    monkeypatch.setenv("VLLM_OPERATOR_WARMUP_RESOURCES", value)
+    with pytest.raises(ValidationError) as caught:
+        OperatorSettings()
+    text = str(caught.value)
+    assert "warmup_resources" in text and says in text, text

@@ -5,10 +5,62 @@ Every field is described; ``vllm-operator run --help`` and the chart's values re
 
 from __future__ import annotations
 
-from pydantic import Field
+import re
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from vllm_operator.constants import DEFAULT_SERVING_IMAGE
+from vllm_operator.render.quantity import parse_quantity
+
+# A resource name as Kubernetes spells one (cpu, memory, ephemeral-storage, vendor/name).
+_RESOURCE_NAME = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[a-zA-Z0-9]([-_.a-zA-Z0-9]*[a-zA-Z0-9])?$"
+
+
+class JobResources(BaseModel):
+    """Requests and limits of the container of a Job the operator creates."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    requests: dict[str, str] = Field(default_factory=dict, description="Resource requests.")
+    limits: dict[str, str] = Field(default_factory=dict, description="Resource limits.")
+
+    @model_validator(mode="after")
+    def _valid(self) -> JobResources:
+        for part in ("requests", "limits"):
+            for name, value in getattr(self, part).items():
+                if not re.match(_RESOURCE_NAME, name):
+                    raise ValueError(f"{part}: {name!r} is not a resource name")
+                try:
+                    parse_quantity(value)
+                except ValueError as exc:
+                    raise ValueError(f"{part}.{name}: {exc}") from None
+        for name, request in self.requests.items():
+            limit = self.limits.get(name)
+            if limit is not None and parse_quantity(request) > parse_quantity(limit):
+                raise ValueError(
+                    f"requests.{name} ({request}) is more than limits.{name} ({limit})"
+                )
+        return self
+
+    def to_wire(self) -> dict[str, Any]:
+        wire: dict[str, Any] = {}
+        if self.requests:
+            wire["requests"] = dict(self.requests)
+        if self.limits:
+            wire["limits"] = dict(self.limits)
+        return wire
+
+
+# Small: a warmup Job sends a few dozen requests and waits for them.
+DEFAULT_WARMUP_RESOURCES = JobResources(
+    requests={"cpu": "100m", "memory": "128Mi"}, limits={"memory": "512Mi"}
+)
+# A whole core: the load generator's own timing must not be starved of CPU.
+DEFAULT_LOAD_RESOURCES = JobResources(
+    requests={"cpu": "1", "memory": "512Mi"}, limits={"memory": "2Gi"}
+)
 
 
 class OperatorSettings(BaseSettings):
@@ -25,6 +77,16 @@ class OperatorSettings(BaseSettings):
         default="vllm-operator:0.1.0",
         description="Image of the warmup Jobs: this operator's own image (it has the "
         "vllm-operator command).",
+    )
+    warmup_resources: JobResources = Field(
+        default=DEFAULT_WARMUP_RESOURCES,
+        description="Requests and limits of the warmup Jobs' container (JSON: "
+        '{"requests": {...}, "limits": {...}}).',
+    )
+    load_resources: JobResources = Field(
+        default=DEFAULT_LOAD_RESOURCES,
+        description="Requests and limits of the InferenceBenchmark load Jobs' container "
+        "(JSON, as warmup_resources). Less CPU than the load needs distorts the measurement.",
     )
     namespaces: list[str] = Field(
         default_factory=list,

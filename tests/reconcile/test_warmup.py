@@ -12,6 +12,7 @@ from tests.specs import isvc, plan_for
 from vllm_operator.constants import WARMED_UP_CONDITION
 from vllm_operator.reconcile.warmup import reconcile_warmups
 from vllm_operator.render.warmup import warmup_job_name
+from vllm_operator.settings import DEFAULT_WARMUP_RESOURCES
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
@@ -69,7 +70,15 @@ async def _run(api: RecordingCluster, svc: Any, pods: list[dict[str, Any]]) -> A
     apply to pods/status without merging, so each test states its pods afresh)."""
     for p in pods:
         api.put(p)
-    return await reconcile_warmups(api, svc, plan_for(svc), pods, image="op:1", now=NOW)
+    return await reconcile_warmups(
+        api,
+        svc,
+        plan_for(svc),
+        pods,
+        image="op:1",
+        resources=DEFAULT_WARMUP_RESOURCES.to_wire(),
+        now=NOW,
+    )
 
 
 async def test_a_pod_whose_server_is_not_up_gets_no_job_yet() -> None:

@@ -25,6 +25,7 @@ from vllm_operator.render.benchmark import (
     build_results_config_map,
     build_spec_config_map,
 )
+from vllm_operator.settings import DEFAULT_LOAD_RESOURCES
 
 GOLDEN = Path(__file__).parents[1] / "golden" / "benchmark-dataset-trace.yaml"
 BENCH: dict[str, Any] = {
@@ -47,7 +48,13 @@ def _bench(**spec: Any) -> InferenceBenchmark:
 
 
 def _job(bench: InferenceBenchmark) -> dict[str, Any]:
-    return build_load_job(bench, image="op:1", endpoint="http://chat.team-a.svc:8000", model="m")
+    return build_load_job(
+        bench,
+        image="op:1",
+        resources=DEFAULT_LOAD_RESOURCES.to_wire(),
+        endpoint="http://chat.team-a.svc:8000",
+        model="m",
+    )
 
 
 def _render() -> str:

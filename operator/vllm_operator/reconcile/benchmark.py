@@ -229,6 +229,7 @@ async def reconcile_inference_benchmark(
             build_load_job(
                 bench,
                 image=settings.warmup_image,
+                resources=settings.load_resources.to_wire(),
                 endpoint=endpoint_url(target).removesuffix("/v1"),
                 model=served_model_name(target),
             )

@@ -285,7 +285,15 @@ async def reconcile_inference_service(
         deployment = await api.get("apps/v1", "Deployment", deployment_name(isvc), ns)
     pods = await api.list("v1", "Pod", ns, label_selector=selector_string(isvc))
 
-    warm = await reconcile_warmups(api, isvc, tuning, pods, image=settings.warmup_image, now=now)
+    warm = await reconcile_warmups(
+        api,
+        isvc,
+        tuning,
+        pods,
+        image=settings.warmup_image,
+        resources=settings.warmup_resources.to_wire(),
+        now=now,
+    )
     warmup_status = isvc.status.warmup if isvc.status else None
     if warm.cold_ttft_ms is not None or warm.warm_ttft_ms is not None:
         warmup_status = WarmupStatus(

@@ -89,6 +89,7 @@ async def reconcile_warmups(
     pods: list[Manifest],
     *,
     image: str,
+    resources: Manifest,
     now: datetime,
 ) -> WarmupObservation:
     """Drive every live server pod of ``isvc`` through warmup; report what came of it."""
@@ -123,7 +124,11 @@ async def reconcile_warmups(
             continue  # vLLM is not answering /health yet; warmup starts once it does
         job = jobs.get(job_name)
         if job is None:
-            await api.apply(build_warmup_job(isvc, pod, tuning, image=image, restarts=restarts))
+            await api.apply(
+                build_warmup_job(
+                    isvc, pod, tuning, image=image, resources=resources, restarts=restarts
+                )
+            )
             await _set_gate(
                 api,
                 pod,

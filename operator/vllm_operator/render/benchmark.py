@@ -180,9 +180,12 @@ def _inputs(bench: InferenceBenchmark) -> tuple[list[str], list[Manifest], list[
     return args, mounts, volumes
 
 
-def build_load_job(bench: InferenceBenchmark, *, image: str, endpoint: str, model: str) -> Manifest:
+def build_load_job(
+    bench: InferenceBenchmark, *, image: str, resources: Manifest, endpoint: str, model: str
+) -> Manifest:
     """The Job that sends the load; it reports the headline results as its termination
-    message and writes every request into the results ConfigMap."""
+    message and writes every request into the results ConfigMap. ``resources`` are its
+    container's (the operator's setting)."""
     seconds = (bench.spec.duration_seconds or 600) * (
         max(len(bench.spec.sweep.rates_per_second), len(bench.spec.sweep.concurrencies), 1)
         if bench.spec.sweep
@@ -216,7 +219,7 @@ def build_load_job(bench: InferenceBenchmark, *, image: str, endpoint: str, mode
             *input_mounts,
             {"name": "results", "mountPath": "/tmp"},
         ],
-        "resources": {"requests": {"cpu": "1", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
+        "resources": resources,
         "terminationMessagePolicy": "File",
         "securityContext": restricted_security_context(),
     }

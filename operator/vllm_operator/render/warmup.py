@@ -62,9 +62,11 @@ def build_warmup_job(
     tuning: EffectiveTuning,
     *,
     image: str,
+    resources: Manifest,
     restarts: int,
 ) -> Manifest:
-    """The Job that warms ``pod`` (whose container has restarted ``restarts`` times)."""
+    """The Job that warms ``pod`` (whose container has restarted ``restarts`` times);
+    ``resources`` are its container's (the operator's setting)."""
     meta = pod["metadata"]
     warmup = isvc.spec.warmup
     pod_ip = pod.get("status", {}).get("podIP")
@@ -91,10 +93,7 @@ def build_warmup_job(
             str(warmup.timeout_seconds),
             *_plan_args(tuning),
         ],
-        "resources": {
-            "requests": {"cpu": "100m", "memory": "128Mi"},
-            "limits": {"memory": "512Mi"},
-        },
+        "resources": resources,
         "terminationMessagePolicy": "File",
         "securityContext": restricted_security_context(),
     }
