@@ -5,24 +5,18 @@
   the shared cluster other test sessions use, and so that no operator of another session
   (with admin credentials) can do the work the chart's ServiceAccount must be able to do.
 - ``chart_release`` (module): the chart installed with ``helm install``.
-- ``operator_process`` (module): ``vllm-operator run`` as a local process whose only
-  credentials are a token of the chart's ServiceAccount (``kubectl create token``), so
-  every request it makes is authorised by the chart's RBAC and nothing else.
-
-``python -m e2e.chart_fixtures sa-kubeconfig NAMESPACE SERVICEACCOUNT`` prints such a
-kubeconfig for the cluster KUBECONFIG names (the README's Helm quickstart uses it to run
-the operator on the local control plane, where no container can run).
+- ``service_account_kubeconfig`` (module): a kubeconfig whose only credential is a token of
+  the chart's ServiceAccount (``kubectl create token``), to show what that identity is
+  refused. The operator itself runs under it as the chart's pod on the real node
+  (e2e/real_node_fixtures.py, e2e/test_chart_operator.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import base64
 import dataclasses
 import os
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,7 +25,7 @@ import pytest
 import yaml
 
 from e2e.cluster.cluster import ClusterHandle, Settings, down, up
-from e2e.operator_fixtures import REPO, OperatorProcess
+from e2e.operator_fixtures import REPO
 
 CHART = REPO / "charts" / "vllm-operator"
 RELEASE = "vllm-op"
@@ -189,49 +183,6 @@ def chart_release(cluster: ClusterHandle) -> Release:
     return release
 
 
-class ServiceAccountOperator(OperatorProcess):
-    """``vllm-operator run`` with the chart ServiceAccount's token as its only credential.
-
-    ``cluster`` stays the admin handle (the tests act as the user through it); only the
-    operator process gets the ServiceAccount's kubeconfig.
-    """
-
-    def __init__(self, cluster: ClusterHandle, log_dir: Path, kubeconfig: Path) -> None:
-        super().__init__(cluster, log_dir)
-        self.log_path = log_dir / "operator-service-account.log"
-        self.kubeconfig = kubeconfig
-
-    def start(self) -> None:
-        env = self.cluster.env()
-        env.update(
-            {
-                "KUBECONFIG": str(self.kubeconfig),
-                "VLLM_OPERATOR_KUBECONFIG": str(self.kubeconfig),
-                "VLLM_OPERATOR_RESYNC_SECONDS": "20",
-                "VLLM_OPERATOR_METRICS_PORT": "0",
-                "VLLM_OPERATOR_HEALTH_PORT": "0",
-                "VLLM_OPERATOR_DEFAULT_IMAGE": "vllm/vllm-openai:e2e",
-            }
-        )
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "vllm_operator.cli", "run"],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=REPO,
-            start_new_session=True,
-        )
-        log.close()
-
-    def wait_started(self, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while "Started the vllm-operator" not in self.log_tail(400):
-            assert self.alive(), f"the operator exited:\n{self.log_tail()}"
-            assert time.monotonic() < deadline, f"the operator did not start:\n{self.log_tail()}"
-            time.sleep(0.2)
-
-
 @pytest.fixture(scope="module")
 def service_account_kubeconfig(
     chart_release: Release, tmp_path_factory: pytest.TempPathFactory
@@ -240,50 +191,3 @@ def service_account_kubeconfig(
     return write_service_account_kubeconfig(
         chart_release.cluster, chart_release.namespace, SERVICE_ACCOUNT, path
     )
-
-
-@pytest.fixture(scope="module")
-def operator_process(
-    chart_release: Release,
-    service_account_kubeconfig: Path,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[ServiceAccountOperator]:
-    """The operator under the chart's ServiceAccount (the name overrides the fixture of
-    e2e/operator_fixtures.py, so e2e/test_operator.py's tests run against this one)."""
-    cluster = chart_release.cluster
-    log_dir = (
-        cluster.settings.logs_dir
-        if cluster.settings is not None
-        else tmp_path_factory.mktemp("operator-logs")
-    )
-    log_dir.mkdir(parents=True, exist_ok=True)
-    op = ServiceAccountOperator(cluster, log_dir, service_account_kubeconfig)
-    op.start()
-    op.wait_started()
-    yield op
-    op.stop()
-
-
-# --------------------------------------------------------------------------- command line
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m e2e.chart_fixtures")
-    sub = parser.add_subparsers(dest="command", required=True)
-    sa = sub.add_parser(
-        "sa-kubeconfig",
-        help="print a kubeconfig that authenticates as a ServiceAccount (token, 24 h)",
-    )
-    sa.add_argument("namespace")
-    sa.add_argument("serviceaccount")
-    args = parser.parse_args(argv)
-    admin = Path(os.environ.get("KUBECONFIG", str(Path.home() / ".kube" / "config")))
-    token = service_account_token(
-        ["kubectl", f"--kubeconfig={admin}"], args.namespace, args.serviceaccount, "24h"
-    )
-    sys.stdout.write(yaml.safe_dump(token_kubeconfig(admin, token)))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

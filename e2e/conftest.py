@@ -40,7 +40,12 @@ from e2e.cluster.cluster import (
 # The operator's fixtures, registered once for the whole tier. Imported into several test
 # modules instead, a session fixture is one fixture per module (pytest keys a fixture by
 # where it is defined): a full run had up to four operators reconciling the same cluster.
-from e2e.operator_fixtures import crds, lock_policy, operator_process, pod_runner  # noqa: F401
+from e2e.operator_fixtures import (  # noqa: F401
+    crds,
+    local_operator,
+    lock_policy,
+    operator_process,
+)
 from e2e.real_node_fixtures import chart_operator, real_images, real_namespace  # noqa: F401
 
 USE_EXISTING = "VLLM_OP_E2E_USE_EXISTING"

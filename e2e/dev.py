@@ -154,11 +154,38 @@ def service_url(cluster: ClusterHandle, namespace: str, name: str) -> str:
     return f"http://{svc['spec']['clusterIP']}:{port}"
 
 
+def ttft_ms(url: str, prompt: str) -> float:
+    """Milliseconds to the first streamed token of one chat completion at ``url``."""
+    import httpx
+
+    body = {
+        "model": "tiny-llama",
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": 8,
+        "stream": True,
+    }
+    start = time.perf_counter()
+    with httpx.stream("POST", url, json=body, timeout=60) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if line.startswith("data: ") and '"content"' in line:
+                return (time.perf_counter() - start) * 1000
+    raise RuntimeError(f"{url} streamed no token")
+
+
 def chat(cluster: ClusterHandle) -> int:
-    """One real chat completion from the sample, through its Service's ClusterIP."""
+    """The first requests after Ready, timed, then one real chat completion, through the
+    sample's Service ClusterIP."""
     import httpx
 
     url = service_url(cluster, NAMESPACE, "tiny-chat") + "/v1/chat/completions"
+    # A prompt of its own each, so no prefix-cache hit flatters the figures.
+    first = ttft_ms(url, "The first question after Ready: how are you?")
+    after = sorted(ttft_ms(url, f"Question {i} after Ready: how are you?") for i in range(5))
+    _say(
+        f"first request after Ready: TTFT {first:.0f} ms; the next 5: median "
+        f"{after[2]:.0f} ms (range {after[0]:.0f}-{after[-1]:.0f} ms)"
+    )
     body = {
         "model": "tiny-llama",
         "messages": [{"role": "user", "content": "Say hello to the operator."}],

@@ -32,7 +32,7 @@ def crds(cluster: ClusterHandle) -> ClusterHandle:
 
 
 @pytest.fixture(scope="session")
-def lock_policy(crds: ClusterHandle) -> Iterator[None]:
+def lock_policy(crds: ClusterHandle) -> None:
     """The chart's ValidatingAdmissionPolicy for the scale-down lock, rendered by helm and
     applied once for the whole session.
 
@@ -41,7 +41,10 @@ def lock_policy(crds: ClusterHandle) -> Iterator[None]:
     goes, and a policy created later reuses the stopped informer, finds no params and,
     with parameterNotFoundAction Allow, allows every scale-down (kubernetes/kubernetes
     #130887; fix in review, #141015, backport #142150). So the real-node tests install the
-    chart with its own copy of the policy turned off and rely on this one."""
+    chart with its own copy of the policy turned off and rely on this one, and it is left
+    in place when the session ends: the next session on a cluster kept running
+    (VLLM_OP_E2E_KEEP_CLUSTER, `make cluster-up`) finds it and its informer alive, where
+    a delete and re-create would meet the bug."""
     assert crds.helm_path is not None
     rendered = subprocess.run(
         [
@@ -59,8 +62,6 @@ def lock_policy(crds: ClusterHandle) -> Iterator[None]:
         check=True,
     ).stdout
     crds.kubectl("apply", "-f", "-", input=rendered)
-    yield
-    crds.kubectl("delete", "-f", "-", input=rendered, check=False)
 
 
 class OperatorProcess:
@@ -125,10 +126,11 @@ def _log_dir(cluster: ClusterHandle, tmp_path_factory: pytest.TempPathFactory) -
 
 
 @pytest.fixture(scope="session")
-def operator_process(
+def local_operator(
     crds: ClusterHandle, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:
-    """The operator, running for the whole session (tests may stop and start it)."""
+    """The operator as a local process, running for the whole session (tests may stop and
+    start it)."""
     op = OperatorProcess(crds, _log_dir(crds, tmp_path_factory))
     op.start()
     deadline = time.monotonic() + 30
@@ -140,15 +142,7 @@ def operator_process(
 
 
 @pytest.fixture(scope="session")
-def pod_runner(crds: ClusterHandle) -> Iterator[int]:
-    """The pod runner (real processes behind marked pods), started unless it runs."""
-    from e2e.cluster import pod_runner as runner
-
-    if crds.settings is None:
-        pytest.skip("the pod runner needs the local control plane, not an existing cluster")
-    state = Path(crds.settings.state_dir)
-    already = runner.running_pid(state)
-    pid = runner.start(state, crds.kubeconfig)
-    yield pid
-    if already is None:
-        runner.stop(state)
+def operator_process(local_operator: OperatorProcess) -> OperatorProcess:
+    """The operator the tests drive: the local process, unless a module overrides this
+    fixture (e2e/test_chart_operator.py runs the same tests against the chart's pod)."""
+    return local_operator

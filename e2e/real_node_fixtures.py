@@ -1,14 +1,16 @@
 """Fixtures of the tests that run on the real node (e2e/cluster/node.py).
 
-- ``real_images`` (session): the images the running node was started with; the tests
-  skip, saying why, when the cluster has no real node.
+- ``real_images`` (session): the images of this tree, built if changed and imported into
+  the running node; the tests skip, saying why, when the cluster has no real node.
 - ``real_namespace`` (function): a factory of fresh namespaces whose every pod goes to the
   real node, under the Pod Security level asked for (restricted by default), deleted
   after the test (diagnostics first, on failure).
 - ``chart_operator`` (module): the operator installed with its Helm chart, as a pod from
   its own image on the real node, holding only the chart's ServiceAccount token. The
   session's operator process is stopped meanwhile (two operators would reconcile every
-  object twice) and started again afterwards.
+  object twice) and started again afterwards. Its ``process`` is a ``PodOperator``: the
+  pod behind the interface of the local ``OperatorProcess`` (start, stop, kill, log), so
+  the operator scenarios of e2e/test_operator.py run against it too.
 """
 
 from __future__ import annotations
@@ -33,10 +35,12 @@ RELEASE = "vllm-op-real"
 
 @pytest.fixture(scope="session")
 def real_images(cluster: ClusterHandle) -> Images:
-    built = node.built_images(cluster.settings) if cluster.settings is not None else None
-    if built is None:
+    settings = cluster.settings
+    if settings is None or not settings.real_node or not node.is_healthy(settings):
         pytest.skip("the cluster has no real node (VLLM_OP_REAL_NODE=0, or an existing cluster)")
-    return built
+    # A cluster left running from an earlier session has the images of then: what changed
+    # since (the operator's code, say) is built and imported now, so the tests run this tree.
+    return node.ensure_images(settings)
 
 
 @pytest.fixture
@@ -68,19 +72,103 @@ def real_namespace(
         )  # fmt: skip
 
 
+def _operator_pods(cluster: ClusterHandle, namespace: str) -> list[dict[str, Any]]:
+    pods: list[dict[str, Any]] = cluster.kubectl_json(
+        "get", "pods", "-n", namespace, "-l", "app.kubernetes.io/component=operator"
+    )["items"]
+    return pods
+
+
+def operator_pod(cluster: ClusterHandle, namespace: str) -> dict[str, Any]:
+    pods = _operator_pods(cluster, namespace)
+    assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
+    return pods[0]
+
+
+def _running_ready(pod: dict[str, Any]) -> bool:
+    status = pod.get("status", {}).get("containerStatuses") or [{}]
+    return (
+        not pod["metadata"].get("deletionTimestamp")
+        and "running" in status[0].get("state", {})
+        and bool(status[0].get("ready"))
+    )
+
+
+class PodOperator:
+    """The chart's operator pod, driven as e2e/operator_fixtures.py drives the local
+    process: ``stop()`` scales its Deployment to 0 (the kubelet's SIGTERM, the grace
+    period); ``stop(kill=True)`` SIGKILLs its container on the node behind the kubelet's
+    back, as a crash would, and the kubelet restarts it; ``start()`` waits for it to run
+    and be Ready again (scaling back to 1 after a stop)."""
+
+    def __init__(self, cluster: ClusterHandle, namespace: str, deployment: str) -> None:
+        self.cluster = cluster
+        self.namespace = namespace
+        self.deployment = deployment
+        self._restarts_before_kill: int | None = None
+
+    def _pods(self) -> list[dict[str, Any]]:
+        return [
+            p
+            for p in _operator_pods(self.cluster, self.namespace)
+            if not p["metadata"].get("deletionTimestamp")
+        ]
+
+    def _scale(self, replicas: int) -> None:
+        self.cluster.kubectl(
+            "scale", "deployment", self.deployment, "-n", self.namespace, f"--replicas={replicas}"
+        )
+
+    def alive(self) -> bool:
+        return self._restarts_before_kill is None and any(map(_running_ready, self._pods()))
+
+    def stop(self, *, kill: bool = False) -> None:
+        if kill:
+            [pod] = self._pods()
+            status = pod["status"]["containerStatuses"][0]
+            assert self.cluster.settings is not None
+            node.kill_container(self.cluster.settings, status["containerID"])
+            self._restarts_before_kill = int(status["restartCount"])
+            return
+        self._scale(0)
+        wait_until(
+            "the operator pod gone",
+            lambda: not _operator_pods(self.cluster, self.namespace),
+            90,
+        )
+
+    def start(self) -> None:
+        if self._restarts_before_kill is None and not self._pods():
+            self._scale(1)
+        before = self._restarts_before_kill
+
+        def up() -> bool:
+            pods = self._pods()
+            if len(pods) != 1 or not _running_ready(pods[0]):
+                return False
+            restarts = int(pods[0]["status"]["containerStatuses"][0]["restartCount"])
+            return before is None or restarts > before
+
+        # A second crash within minutes waits out the kubelet's back-off (10 s, doubling).
+        wait_until("the operator pod running and Ready", up, 120)
+        self._restarts_before_kill = None
+
+    def log_tail(self, lines: int = 80) -> str:
+        pods = self._pods()
+        if not pods:
+            return ""
+        proc = self.cluster.kubectl(
+            "logs", "-n", self.namespace, pods[0]["metadata"]["name"], f"--tail={lines}",
+            check=False,
+        )  # fmt: skip
+        return str(proc.stdout)
+
+
 @dataclass(frozen=True)
 class ChartOperator:
     namespace: str
     pod: dict[str, Any]
-
-
-def operator_pod(cluster: ClusterHandle, namespace: str) -> dict[str, Any]:
-    pods = cluster.kubectl_json(
-        "get", "pods", "-n", namespace, "-l", "app.kubernetes.io/component=operator"
-    )["items"]
-    assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
-    pod: dict[str, Any] = pods[0]
-    return pod
+    process: PodOperator
 
 
 @pytest.fixture(scope="module")
@@ -88,20 +176,29 @@ def chart_operator(
     cluster: ClusterHandle,
     crds: ClusterHandle,
     real_images: Images,
-    operator_process: OperatorProcess,
+    local_operator: OperatorProcess,
     lock_policy: None,
 ) -> Iterator[ChartOperator]:
-    operator_process.stop()
+    local_operator.stop()
     try:
         # The real node has 2 cores: a vLLM pod and a benchmark's load Job take one each,
         # so this install asks for no CPU (a value users can set the same way).
         resources = {"requests": {"cpu": "0", "memory": "128Mi"}, "limits": {"memory": "512Mi"}}
+        # Likewise its warmup and load Jobs: on 2 cores, two replicas take both.
+        jobs = {"warmupResources": {"requests": {"cpu": "0", "memory": "64Mi"},
+                                    "limits": {"memory": "512Mi"}},
+                "loadResources": {"requests": {"cpu": "0", "memory": "256Mi"},
+                                  "limits": {"memory": "2Gi"}}}  # fmt: skip
         install_operator(
             cluster,
             namespace=OPERATOR_NAMESPACE,
             release=RELEASE,
             # The session's copy of the chart's lock policy is in force (see lock_policy).
-            extra_values={"resources": resources, "scaleDownLock": {"enabled": False}},
+            extra_values={
+                "resources": resources,
+                "operator": jobs,
+                "scaleDownLock": {"enabled": False},
+            },
         )
         wait_until(
             "the operator pod Ready",
@@ -111,7 +208,11 @@ def chart_operator(
             ),
             120,
         )
-        yield ChartOperator(OPERATOR_NAMESPACE, operator_pod(cluster, OPERATOR_NAMESPACE))
+        pod = operator_pod(cluster, OPERATOR_NAMESPACE)
+        deployment = f"{RELEASE}-vllm-operator"
+        yield ChartOperator(
+            OPERATOR_NAMESPACE, pod, PodOperator(cluster, OPERATOR_NAMESPACE, deployment)
+        )
     finally:
         assert cluster.helm_path is not None
         subprocess.run(
@@ -121,4 +222,4 @@ def chart_operator(
         )  # fmt: skip
         cluster.kubectl("delete", "namespace", OPERATOR_NAMESPACE, "--wait=true", "--timeout=90s",
                         check=False, timeout=100)  # fmt: skip
-        operator_process.start()
+        local_operator.start()

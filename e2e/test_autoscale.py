@@ -1,15 +1,13 @@
-"""Autoscaling on the real control plane.
+"""Autoscaling on the real node, with the operator as the chart's pod reading the real
+vLLM containers' ``/metrics``.
 
-With real CPU vLLM pods (marked ``vllm``): load from the load generator raises vLLM's own
-signal and the replicas go up to the limit, the new pod taking traffic only once warmed
-up; a benchmark holds the scale-down that the signal asks for; after it, the replicas come
-down, the least loaded pod first (the older one here, which the ReplicaSet would otherwise
+Load from the load generator raises vLLM's own signal and the replicas go up to the
+limit, the new pod taking traffic only once warmed up; a benchmark (its load Job a pod on
+the node) holds the scale-down that the signal asks for; after it, the replicas come down,
+the least loaded pod first (the older one here, which the ReplicaSet would otherwise
 keep), and the load generator counts no failed request. The test prints the timeline of
-replicas and signal.
-
-HPA mode: the real HPA controller of kube-controller-manager takes the rendered
-HorizontalPodAutoscaler (it reads the InferenceService's scale subresource), and a
-benchmark's lock turns its scale-down off.
+replicas and signal. The two replicas take the node's 2 cores, one each; the operator and
+the load Job ask for none (``chart_operator``). HPA mode is in e2e/test_operator.py.
 """
 
 from __future__ import annotations
@@ -19,33 +17,40 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
+import yaml
 
+from e2e.cluster import node
 from e2e.cluster.cluster import ClusterHandle
-from e2e.operator_fixtures import OperatorProcess
+from e2e.cluster.images import Images
+from e2e.real_node_fixtures import ChartOperator
 from e2e.test_benchmark import _bench
 from e2e.test_operator import _condition, _get, _wait
-from e2e.test_warmup import _isvc, _pods
+from vllm_operator.constants import LABEL_SERVICE, LABEL_WARMUP_FOR
 from vllm_operator.reconcile.jobs import job_state
 
-GROUP = "inference.vllm-operator.dev"
+SAMPLE = Path(__file__).parents[1] / "examples" / "dev-sample.yaml"
 
 
-@pytest.fixture
-def ns(operator_process: OperatorProcess) -> Iterator[str]:
-    cluster = operator_process.cluster
-    name = f"e2e-autoscale-{int(time.time() * 1000) % 1000000}"
-    cluster.kubectl("create", "namespace", name)
-    cluster.kubectl("wait", "--for=create", "serviceaccount/default", "-n", name, "--timeout=60s")
-    yield name
-    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
-    cluster.kubectl(
-        "delete", "pods", "--all", "-n", name, "--wait=true", "--timeout=60s", check=False
-    )
+def _isvc(name: str, **spec: Any) -> dict[str, Any]:
+    """The dev sample (tiny-llama on the real node's CPU vLLM), renamed, with ``spec``."""
+    body: dict[str, Any] = yaml.safe_load(SAMPLE.read_text())
+    body["metadata"] = {"name": name}
+    body["spec"].update(spec)
+    return body
+
+
+def _pods(cluster: ClusterHandle, ns: str, name: str) -> list[dict[str, Any]]:
+    found = _get(cluster, ns, "pods", "-l", f"{LABEL_SERVICE}={name}")
+    return [
+        p
+        for p in (found or {}).get("items", [])
+        if not p["metadata"].get("deletionTimestamp")
+        and LABEL_WARMUP_FOR not in p["metadata"]["labels"]
+    ]
 
 
 class Load:
@@ -134,23 +139,21 @@ def _url(pod: dict[str, Any]) -> str:
     return f"http://{pod['status']['podIP']}:8000"
 
 
-@pytest.mark.vllm
 def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
-    operator_process: OperatorProcess,
-    pod_runner: int,
-    ns: str,
+    cluster: ClusterHandle,
+    chart_operator: ChartOperator,
+    real_images: Images,
+    real_namespace: Callable[..., str],
     tmp_path: Path,
 ) -> None:
-    cluster = operator_process.cluster
-    if not operator_process.alive():
-        operator_process.start()
+    # Baseline: the vLLM pods the operator renders carry no securityContext of their own.
+    ns = real_namespace(pod_security="baseline")
     # Longer than a second CPU vLLM takes to start and warm up on two cores, so the pod the
     # load asked for is not removed before it serves.
     window = 120
     cluster.apply(
         _isvc(
             "auto",
-            "vllm",
             replicas=1,
             autoscaling={
                 "enabled": True,
@@ -174,6 +177,8 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
         timeout=300,
     )
     (first,) = _pods(cluster, ns, "auto")
+    assert first["spec"]["nodeName"] == node.NODE_NAME
+    assert first["spec"]["containers"][0]["image"] == real_images.vllm
     timeline = Timeline(cluster, ns, "auto")
     loads: list[Load] = []
     try:
@@ -300,97 +305,3 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
         assert r["failed"] == 0 and not r["errors"], results
     counts = [(r["requests"], r["failed"]) for r in results]
     print("load generator runs (requests, failed):", counts)
-
-
-def test_hpa_mode_hands_the_real_hpa_controller_the_scale_subresource_and_the_lock(
-    operator_process: OperatorProcess,
-    pod_runner: int,
-    ns: str,
-) -> None:
-    cluster = operator_process.cluster
-    if not operator_process.alive():
-        operator_process.start()
-    cluster.apply(
-        {
-            "apiVersion": f"{GROUP}/v1alpha1",
-            "kind": "InferenceService",
-            "metadata": {"name": "hpa"},
-            "spec": {
-                "model": {"name": "fake", "source": {"image": {"path": "/models/fake"}}},
-                "replicas": 1,
-                "gpu": {"count": 1},
-                "warmup": {"enabled": False},
-                "autoscaling": {
-                    "enabled": True,
-                    "mode": "HPA",
-                    "metric": "RequestsWaiting",
-                    "target": "0.5",
-                    "periodSeconds": 2,
-                },
-                "podTemplate": {"annotations": {"e2e.vllm-operator.dev/runner": "fake-slow"}},
-            },
-        },
-        namespace=ns,
-    )
-
-    def hpa_condition(type_: str) -> dict[str, Any]:
-        return _condition(_get(cluster, ns, "hpa", "hpa"), type_)
-
-    # The real HPA controller read the InferenceService's scale subresource ...
-    _wait(lambda: hpa_condition("AbleToScale").get("status") == "True", "AbleToScale", 90)
-    # ... and, with no metrics adapter in this cluster, says it cannot get the metric.
-    active = _wait(lambda: hpa_condition("ScalingActive") or None, "ScalingActive", 90)
-    assert "vllm_num_requests_waiting" in active.get("message", ""), active
-    hpa = _get(cluster, ns, "hpa", "hpa")
-    assert hpa is not None
-    assert hpa["spec"]["metrics"][0]["pods"]["target"]["averageValue"] in ("500m", "0.5")
-    assert hpa["spec"]["behavior"]["scaleDown"]["selectPolicy"] == "Max"
-    _wait(
-        lambda: ((_get(cluster, ns, "isvc", "hpa") or {}).get("status", {}).get("autoscaling")
-                 or {}).get("horizontalPodAutoscaler") == "hpa",
-        "status.autoscaling to name the HPA",
-        30,
-    )  # fmt: skip
-
-    # A benchmark's lock (its load Job) turns the HPA's scale-down off, and back on after.
-    cluster.apply(
-        {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": {
-                "name": "lock",
-                "labels": {
-                    f"{GROUP}/scale-down-lock": "true",
-                    f"{GROUP}/lock-target": "hpa",
-                    f"{GROUP}/inference-benchmark": "lock",
-                },
-            },
-            # Suspended: no pod runs (kwok would complete it at once), and it never
-            # finishes, so the lock holds until the Job is deleted.
-            "spec": {
-                "suspend": True,
-                "template": {
-                    "spec": {
-                        "restartPolicy": "Never",
-                        "containers": [{"name": "c", "image": "none"}],
-                    }
-                },
-            },
-        },
-        namespace=ns,
-    )
-
-    def select_policy() -> str:
-        found = _get(cluster, ns, "hpa", "hpa") or {}
-        return str(found["spec"]["behavior"]["scaleDown"]["selectPolicy"])
-
-    _wait(lambda: _get(cluster, ns, "job", "lock", ) and select_policy() == "Disabled",
-          "scale-down Disabled", 60)  # fmt: skip
-    cluster.kubectl("delete", "job", "lock", "-n", ns)
-    _wait(lambda: select_policy() == "Max", "scale-down back on", 60)
-    # Autoscaling off: the HPA goes.
-    cluster.kubectl(
-        "patch", "isvc", "hpa", "-n", ns, "--type=merge",
-        "-p", '{"spec": {"autoscaling": {"enabled": false}}}',
-    )  # fmt: skip
-    _wait(lambda: _get(cluster, ns, "hpa", "hpa") is None, "the HPA to go", 60)

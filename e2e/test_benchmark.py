@@ -1,43 +1,34 @@
-"""InferenceBenchmark on the real control plane: the load Job runs against a target whose
-pods are real (fake, fast) servers, and while it runs no path may lower the replicas.
-Against a real CPU vLLM (marked ``vllm``): a benchmark that waits for its dataset
-ConfigMap, reads its prompts from it, and leaves every request in its results ConfigMap,
-written by the load Job under its own ServiceAccount."""
+"""InferenceBenchmark on the real node, with the operator as the chart's pod: the load Job is
+a pod of the operator image that reaches its target through the Service's DNS name, the
+target's two replicas are containers of the fault-server image (``slow``: 0.4 s to each
+first token, see e2e/test_warmup.py), and while the Job runs no path may lower the
+replicas, not even with the operator down. The benchmark against a real CPU vLLM (a
+dataset, every request in the results ConfigMap) is in e2e/test_real_node.py."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from e2e.cluster import node
 from e2e.cluster.cluster import ClusterHandle
-from e2e.operator_fixtures import OperatorProcess
+from e2e.cluster.images import Images
+from e2e.real_node_fixtures import ChartOperator, PodOperator
 from e2e.test_operator import _condition, _get, _wait
 from e2e.test_warmup import _isvc
-from e2e.vllm_fixtures import require_vllm_python
-from vllm_operator.bench.archive import unpack
-
-GROUP = "inference.vllm-operator.dev"
-REPO = Path(__file__).parents[1]
+from vllm_operator.constants import GROUP
 
 
-def _target(name: str, replicas: int) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/v1alpha1",
-        "kind": "InferenceService",
-        "metadata": {"name": name},
-        "spec": {
-            "model": {"name": "fake", "source": {"image": {"path": "/models/fake"}}},
-            "replicas": replicas,
-            "gpu": {"count": 1},
-            "warmup": {"enabled": False},
-            "podTemplate": {"annotations": {"e2e.vllm-operator.dev/runner": "fake-slow"}},
-        },
-    }
+def _target(name: str, replicas: int, image: str) -> dict[str, Any]:
+    return _isvc(name, "slow", image, replicas=replicas, warmup={"enabled": False})
+
+
+@pytest.fixture
+def target_ns(chart_operator: ChartOperator, real_namespace: Callable[..., str]) -> str:
+    # Baseline: the server pods the operator renders carry no securityContext of their own.
+    return real_namespace(pod_security="baseline")
 
 
 def _bench(name: str, target: str, seconds: int) -> dict[str, Any]:
@@ -76,15 +67,10 @@ def _refused(cluster: ClusterHandle, *args: str) -> str:
 
 
 def test_a_benchmark_runs_and_no_path_can_scale_its_target_down(
-    operator_process: OperatorProcess,
-    pod_runner: int,
-    lock_policy: None,
-    namespace: str,
+    cluster: ClusterHandle, real_images: Images, target_ns: str
 ) -> None:
-    cluster, ns = operator_process.cluster, namespace
-    if not operator_process.alive():
-        operator_process.start()
-    cluster.apply(_target("svc", 2), namespace=ns)
+    ns = target_ns
+    cluster.apply(_target("svc", 2, real_images.fault_server), namespace=ns)
     _wait(
         lambda: (
             (i := _get(cluster, ns, "isvc", "svc"))
@@ -98,6 +84,9 @@ def test_a_benchmark_runs_and_no_path_can_scale_its_target_down(
     _wait(lambda: _phase(cluster, ns, "load") == "Running", "the benchmark to run", timeout=90)
     job = _get(cluster, ns, "job", "load-load")
     assert job is not None
+    [load] = _get(cluster, ns, "pods", "-l", "job-name=load-load")["items"]  # type: ignore[index]
+    assert load["spec"]["nodeName"] == node.NODE_NAME
+    assert load["spec"]["containers"][0]["image"] == real_images.operator
     assert job["metadata"]["labels"][f"{GROUP}/scale-down-lock"] == "true"
     assert job["metadata"]["labels"][f"{GROUP}/lock-target"] == "svc"
     _wait(
@@ -208,15 +197,11 @@ def test_a_benchmark_runs_and_no_path_can_scale_its_target_down(
 
 
 def test_the_lock_clears_when_the_operator_is_down_as_the_benchmark_ends(
-    operator_process: OperatorProcess,
-    pod_runner: int,
-    lock_policy: None,
-    namespace: str,
+    cluster: ClusterHandle, real_images: Images, chart_operator: ChartOperator, target_ns: str
 ) -> None:
-    cluster, ns = operator_process.cluster, namespace
-    if not operator_process.alive():
-        operator_process.start()
-    cluster.apply(_target("svc", 2), namespace=ns)
+    ns = target_ns
+    operator: PodOperator = chart_operator.process
+    cluster.apply(_target("svc", 2, real_images.fault_server), namespace=ns)
     _wait(
         lambda: (
             (i := _get(cluster, ns, "isvc", "svc"))
@@ -227,7 +212,7 @@ def test_the_lock_clears_when_the_operator_is_down_as_the_benchmark_ends(
     )
     cluster.apply(_bench("short", "svc", 10), namespace=ns)
     _wait(lambda: _phase(cluster, ns, "short") == "Running", "the benchmark to run", timeout=90)
-    operator_process.stop()
+    operator.stop()  # the Deployment scaled to 0: no operator pod at all
     try:
         _refused(cluster, "scale", "isvc", "svc", "-n", ns, "--replicas=1")
         # The load Job ends: the lock it is goes with it, no operator needed.
@@ -244,118 +229,9 @@ def test_the_lock_clears_when_the_operator_is_down_as_the_benchmark_ends(
         cluster.kubectl("scale", "isvc", "svc", "-n", ns, "--replicas=1")
         assert _replicas(cluster, ns, "isvc", "svc") == 1
     finally:
-        operator_process.start()
+        operator.start()
     _wait(
         lambda: _phase(cluster, ns, "short") in ("Succeeded", "Failed"),
         "the benchmark to be closed by the restarted operator",
         timeout=60,
     )
-
-
-def _reason(cluster: ClusterHandle, ns: str, name: str) -> str | None:
-    ready = _condition(_get(cluster, ns, "inferencebenchmark", name), "Ready")
-    reason: str | None = ready.get("reason")
-    return reason
-
-
-@pytest.mark.vllm
-def test_a_benchmark_reads_its_dataset_and_leaves_every_request_in_its_results_config_map(
-    operator_process: OperatorProcess,
-    pod_runner: int,
-    namespace: str,
-    tmp_path: Path,
-) -> None:
-    require_vllm_python()
-    cluster, ns = operator_process.cluster, namespace
-    if not operator_process.alive():
-        operator_process.start()
-    cluster.apply(_isvc("tiny", "vllm", warmup={"enabled": False}), namespace=ns)
-    requests = 12
-    bench = {
-        "apiVersion": f"{GROUP}/v1alpha1",
-        "kind": "InferenceBenchmark",
-        "metadata": {"name": "replay"},
-        "spec": {
-            "targetRef": {"name": "tiny"},
-            "workload": {"dataset": {"name": "prompts", "key": "chat.jsonl"}},
-            "arrival": {"process": "ClosedLoop", "concurrency": 2},
-            "requests": requests,
-            "endpoint": {"api": "ChatCompletions", "stream": True},
-            "seed": 1,
-        },
-    }
-    # Applied before its dataset exists: it waits, saying for what.
-    cluster.apply(bench, namespace=ns)
-    _wait(
-        lambda: _reason(cluster, ns, "replay") == "DatasetNotFound",
-        "DatasetNotFound once the target is Ready",
-        timeout=420,
-    )
-    assert _phase(cluster, ns, "replay") == "Pending"
-    assert (
-        "spec.workload.dataset"
-        in _condition(_get(cluster, ns, "inferencebenchmark", "replay"), "Ready")["message"]
-    )
-    assert _get(cluster, ns, "job", "replay-load") is None
-    lines = [
-        {"messages": [{"role": "user", "content": f"Question {i}: what is {i} plus {i}?"}],
-         "output_tokens": 4 + i % 3}
-        for i in range(5)
-    ]  # fmt: skip
-    cluster.apply(
-        {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {"name": "prompts"},
-            "data": {"chat.jsonl": "\n".join(json.dumps(line) for line in lines) + "\n"},
-        },
-        namespace=ns,
-    )
-    done = _wait(
-        lambda: (
-            (b := _get(cluster, ns, "inferencebenchmark", "replay"))
-            and b.get("status", {}).get("phase") in ("Succeeded", "Failed")
-            and b
-        ),
-        "the benchmark to end",
-        timeout=300,
-    )
-    status = done["status"]
-    assert status["phase"] == "Succeeded", status
-    assert status["headline"]["requests"] == requests
-    assert status["headline"]["succeeded"] == requests, status["headline"]
-    assert status["resultsConfigMap"] == "replay-results"
-
-    config_map = _get(cluster, ns, "configmap", "replay-results")
-    assert config_map is not None
-    assert config_map["metadata"]["ownerReferences"][0]["name"] == "replay"
-    assert config_map["data"]["requests"] == str(requests)
-    assert config_map["data"]["requestsDropped"] == "0"
-    results = unpack(config_map)
-    (level,) = results["levels"]
-    assert len(level["requests"]) == requests == level["stats"]["requests"]
-    assert all(r["error"] is None for r in level["requests"]), level["requests"]
-    # The prompts came from the dataset: its output lengths, and no other.
-    assert {r["output_tokens_planned"] for r in level["requests"]} <= {4, 5, 6}
-    assert all(r["completion_tokens"] == r["output_tokens_planned"] for r in level["requests"])
-    # The Job's identity may write its results and nothing else.
-    as_job = f"--as=system:serviceaccount:{ns}:replay-load"
-    can = cluster.kubectl(
-        "auth", "can-i", "patch", "configmap/replay-results", "-n", ns, as_job, check=False
-    )
-    assert can.stdout.strip() == "yes"
-    cannot = cluster.kubectl(
-        "auth", "can-i", "patch", "configmap/prompts", "-n", ns, as_job, check=False
-    )
-    assert cannot.stdout.strip() == "no"
-
-    # The documented recipe: the ConfigMap back into results.json and the HTML report.
-    cm_json = cluster.kubectl("get", "configmap", "replay-results", "-n", ns, "-o", "json").stdout
-    report = tmp_path / "report"
-    subprocess.run(
-        [sys.executable, "-m", "vllm_operator.cli", "bench", "--from-results", "-",
-         "--output-dir", str(report)],
-        input=cm_json, text=True, check=True, capture_output=True, timeout=120,
-    )  # fmt: skip
-    assert json.loads((report / "results.json").read_text())["levels"][0]["requests"]
-    assert "<svg" in (report / "report.html").read_text()

@@ -3,14 +3,10 @@
 
 - ``helm install`` creates everything; the rendered manifests pass the apiserver's own
   validation (``kubectl apply --dry-run=server``) for default and full values.
-- The operator runs with **only the chart ServiceAccount's token**, and the whole operator
-  scenario of e2e/test_operator.py passes (the tests are imported and run here, against
-  that operator): the RBAC is sufficient. Requests it does not need are refused: the RBAC
-  is not excessive.
-- GitOps: an InferenceService applied server-side under a GitOps tool's field manager
-  shows no diff after the operator has converged.
-- The scale-down lock policy refuses lowering replicas on every path while a lock names
-  the service, and allows it again once the lock is gone.
+- The chart's ServiceAccount may do what the operator needs and is refused what it does
+  not need (``kubectl auth can-i``, and its own token): the RBAC is not excessive. That it
+  is sufficient is shown by e2e/test_chart_operator.py, where the operator runs as the
+  chart's pod on the real node with only that token and passes the operator scenario.
 - ``helm upgrade`` with changed values and a changed CRD, then ``helm uninstall`` with the
   CRDs kept, and again with them deleted, behave as the values document.
 """
@@ -30,34 +26,13 @@ from e2e.chart_fixtures import (  # noqa: F401  (fixtures, used by name)
     CHART,
     INSTALL_VALUES,
     Release,
-    ServiceAccountOperator,
     chart_release,
     cluster,
-    operator_process,
     service_account_kubeconfig,
     token_subject,
 )
 from e2e.cluster.cluster import ClusterHandle
-
-# The operator scenario, run here against the ServiceAccount operator: pytest collects
-# these imported tests in this module, where `operator_process` and `cluster` are the
-# fixtures above. Left out: test_an_unsatisfiable_spec_stalls_without_a_retry_storm,
-# whose expected reason (NoNodeHasEnoughGPUs) predates the tuner's verdict for 16 GPUs
-# (InvalidParallelism, reported first whatever the credentials); the stall is covered
-# below by test_a_stall_is_recorded_with_one_event_under_the_service_account.
-from e2e.test_operator import (  # noqa: F401
-    _isvc,
-    _wait,
-    _wait_ready,
-    op,
-    test_a_restart_mid_reconcile_leaves_no_twins_and_no_rollout,
-    test_a_service_gets_owned_children_and_becomes_ready,
-    test_a_spec_change_rolls_out_and_observed_generation_follows,
-    test_an_hpa_scales_the_service_through_its_scale_subresource,
-    test_children_edited_or_deleted_by_hand_are_restored,
-    test_deleting_the_service_garbage_collects_its_children,
-    test_kubectl_scale_changes_the_replicas,
-)
+from e2e.test_operator import _isvc, _wait
 
 GROUP = "inference.vllm-operator.dev"
 CRDS = [f"{p}.{GROUP}" for p in ("inferenceservices", "inferencebenchmarks", "gpunodes")]
@@ -238,188 +213,13 @@ def test_the_operators_token_really_is_refused_what_it_does_not_need(
     assert allowed.returncode == 0 and "node/" in allowed.stdout
 
 
-def test_a_stall_is_recorded_with_one_event_under_the_service_account(
-    op: ServiceAccountOperator, namespace: str
-) -> None:
-    cluster = op.cluster
-    cluster.apply(_isvc("huge", gpu={"count": 16}), namespace=namespace)
-
-    def stalled() -> Any:
-        isvc = _json(cluster, "get", "isvc", "huge", "-n", namespace)
-        conds = {c["type"]: c for c in isvc.get("status", {}).get("conditions", [])}
-        return conds.get("Stalled", {}).get("status") == "True" and conds["Stalled"]
-
-    reason = _wait(stalled, "Stalled=True")["reason"]
-    events = _wait(
-        lambda: [
-            e
-            for e in _json(cluster, "get", "events", "-n", namespace,
-                           "--field-selector", "involvedObject.name=huge")["items"]
-            if e["reason"] == reason
-        ],
-        "the stall's event (events: create)",
-    )  # fmt: skip
-    assert len(events) == 1 and events[0]["type"] == "Warning"
-    assert "Forbidden" not in op.log_tail(400)
-
-
-def test_a_benchmark_gets_its_load_identity_under_the_service_account(
-    op: ServiceAccountOperator, namespace: str
-) -> None:
-    """The load Job's ServiceAccount, Role and RoleBinding are created by the operator
-    with only the chart's RBAC: RBAC refuses a Role that grants more than its creator
-    holds, so this fails if the chart lacks a verb the Role grants."""
-    cluster = op.cluster
-    cluster.apply(_isvc("chat"), namespace=namespace)
-    _wait_ready(cluster, namespace, "chat")
-    cluster.apply(
-        {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {"name": "prompts"},
-            "data": {"chat.jsonl": '{"prompt": "hello"}\n'},
-        },
-        namespace=namespace,
-    )
-    cluster.apply(
-        {
-            "apiVersion": f"{GROUP}/v1alpha1",
-            "kind": "InferenceBenchmark",
-            "metadata": {"name": "load"},
-            "spec": {
-                "targetRef": {"name": "chat"},
-                "workload": {"dataset": {"name": "prompts", "key": "chat.jsonl"}},
-                "arrival": {"process": "Poisson", "ratePerSecond": 1},
-                "requests": 5,
-            },
-        },
-        namespace=namespace,
-    )
-    _wait(
-        lambda: (
-            cluster.kubectl("get", "job", "load-load", "-n", namespace, check=False).returncode == 0
-        ),
-        "the load Job (created after its identity)",
-    )
-    role = _json(cluster, "get", "role", "load-load", "-n", namespace)
-    assert role["rules"][0]["resourceNames"] == ["load-results"]
-    _json(cluster, "get", "rolebinding", "load-load", "-n", namespace)
-    _json(cluster, "get", "serviceaccount", "load-load", "-n", namespace)
-    _json(cluster, "get", "configmap", "load-results", "-n", namespace)
-    assert "Forbidden" not in op.log_tail(400)
-
-
-# --------------------------------------------------------------------------- GitOps drift
-
-
-def test_a_gitops_apply_shows_no_diff_after_the_operator_converged(
-    op: ServiceAccountOperator, namespace: str, tmp_path: Path
-) -> None:
-    cluster = op.cluster
-    manifest = tmp_path / "chat.yaml"
-    manifest.write_text(
-        yaml.safe_dump(_isvc("chat") | {"metadata": {"name": "chat", "namespace": namespace}})
-    )
-    gitops = ["--server-side", "--field-manager=argocd-controller", "-f", str(manifest)]
-    cluster.kubectl("apply", *gitops)
-    _wait_ready(cluster, namespace, "chat")
-    cluster.kubectl("apply", *gitops)  # the tool's next sync
-    diff = cluster.kubectl("diff", *gitops, check=False)
-    assert diff.returncode == 0, f"drift after the operator ran:\n{diff.stdout}{diff.stderr}"
-    assert diff.stdout == ""
-    # The operator owns only status on the user's object, through the status subresource.
-    isvc = _json(cluster, "get", "isvc", "chat", "-n", namespace, "--show-managed-fields")
-    managers = {
-        (m["manager"], m.get("subresource", "")): m for m in isvc["metadata"]["managedFields"]
-    }
-    assert ("argocd-controller", "") in managers
-    ours = [m for (name, _), m in managers.items() if name == "vllm-operator"]
-    assert ours and all(m.get("subresource") == "status" for m in ours)
-    assert all("f:spec" not in m.get("fieldsV1", {}) for m in ours)
-
-
-# --------------------------------------------------------------------------- scale-down lock
-
-
-def _lock(namespace: str, target: str) -> dict[str, Any]:
-    """A benchmark's load Job as the lock: suspended, so it never finishes on its own."""
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {
-            "name": f"bench-{target}-lock",
-            "namespace": namespace,
-            "labels": {
-                f"{GROUP}/scale-down-lock": "true",
-                f"{GROUP}/lock-target": target,
-                f"{GROUP}/inference-benchmark": "bench",
-            },
-        },
-        "spec": {
-            "suspend": True,
-            "template": {
-                "spec": {
-                    "restartPolicy": "Never",
-                    "containers": [{"name": "load", "image": "vllm-operator:test"}],
-                }
-            },
-        },
-    }
-
-
-def test_the_scale_down_lock_refuses_lower_replicas_on_every_path(
-    op: ServiceAccountOperator, namespace: str
-) -> None:
-    cluster = op.cluster
-    cluster.apply(_isvc("chat", replicas=2), namespace=namespace)
-    _wait_ready(cluster, namespace, "chat")
-    cluster.apply(_lock(namespace, "chat"))
-
-    refusals = {
-        "kubectl scale isvc": ("scale", "isvc", "chat", "--replicas=1"),
-        "kubectl scale deployment": ("scale", "deployment", "chat", "--replicas=1"),
-        "a patch of the Deployment": (
-            "patch", "deployment", "chat", "--type=merge", "-p", '{"spec":{"replicas":1}}',
-        ),
-        "a patch of the InferenceService": (
-            "patch", "isvc", "chat", "--type=merge", "-p", '{"spec":{"replicas":0}}',
-        ),
-    }  # fmt: skip
-    for path, args in refusals.items():
-        proc = cluster.kubectl(*args, "-n", namespace, check=False)
-        assert proc.returncode != 0, f"{path} was allowed"
-        assert "cannot go down from 2 to" in proc.stderr, proc.stderr
-        assert "InferenceBenchmark bench" in proc.stderr
-    # Scale-up stays allowed, and the operator follows it.
-    cluster.kubectl("scale", "isvc", "chat", "--replicas=3", "-n", namespace)
-    _wait(
-        lambda: (
-            _json(cluster, "get", "deployment", "chat", "-n", namespace)["spec"]["replicas"] == 3
-        ),
-        "the Deployment to scale up under the lock",
-    )
-    # Another service in the namespace is not locked.
-    cluster.apply(_isvc("other", replicas=2), namespace=namespace)
-    cluster.kubectl("scale", "isvc", "other", "--replicas=1", "-n", namespace)
-    # The lock gone (its owner deleted, garbage collection), scale-down works again.
-    cluster.kubectl("delete", "job", "bench-chat-lock", "-n", namespace)
-    cluster.kubectl("scale", "isvc", "chat", "--replicas=1", "-n", namespace)
-    _wait(
-        lambda: (
-            _json(cluster, "get", "deployment", "chat", "-n", namespace)["spec"]["replicas"] == 1
-        ),
-        "the Deployment to scale down after the lock",
-    )
-
-
 # --------------------------------------------------------------------------- upgrade, uninstall
 
 
 def test_helm_upgrade_applies_changed_values_and_crds(
-    chart_release: Release, operator_process: ServiceAccountOperator, tmp_path: Path
+    chart_release: Release, tmp_path: Path
 ) -> None:
     cluster = chart_release.cluster
-    operator_process.stop()  # its token stays valid; the RBAC below changes under it
     # A changed CRD in the chart: Helm's crds/ folder would never apply it; ours does.
     cluster.kubectl("create", "namespace", "team-a")  # watched namespaces must exist
     chart = tmp_path / "vllm-operator"

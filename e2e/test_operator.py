@@ -160,6 +160,14 @@ def test_children_edited_or_deleted_by_hand_are_restored(
     cluster = op.cluster
     cluster.apply(_isvc("chat"), namespace=namespace)
     _wait_ready(cluster, namespace, "chat")
+
+    def image() -> str | None:
+        dep = _get(cluster, namespace, "deployment", "chat") or {}
+        containers = dep.get("spec", {}).get("template", {}).get("spec", {}).get("containers")
+        return str(containers[0]["image"]) if containers else None
+
+    rendered = image()  # the operator's default serving image
+    assert rendered and rendered != "evil:latest"
     cluster.kubectl(
         "patch",
         "deployment",
@@ -178,18 +186,7 @@ def test_children_edited_or_deleted_by_hand_are_restored(
             ]
         ),
     )
-    _wait(
-        lambda: (
-            (_get(cluster, namespace, "deployment", "chat") or {})
-            .get("spec", {})
-            .get("template", {})
-            .get("spec", {})
-            .get("containers", [{}])[0]
-            .get("image")
-            == "vllm/vllm-openai:e2e"
-        ),
-        "the image to be restored",
-    )
+    _wait(lambda: image() == rendered, "the image to be restored")
     cluster.kubectl("delete", "service", "chat", "-n", namespace)
     _wait(lambda: _get(cluster, namespace, "service", "chat"), "the Service to be recreated")
     cluster.kubectl("delete", "pdb", "chat", "-n", namespace)
@@ -372,3 +369,95 @@ def test_an_hpa_scales_the_service_through_its_scale_subresource(
         ),
         "the Deployment to follow",
     )
+
+
+def test_hpa_mode_hands_the_real_hpa_controller_the_scale_subresource_and_the_lock(
+    op: OperatorProcess, namespace: str
+) -> None:
+    """Autoscaling's HPA mode: the real HPA controller of kube-controller-manager takes the
+    rendered HorizontalPodAutoscaler (it reads the InferenceService's scale subresource),
+    and a benchmark's lock turns its scale-down off."""
+    cluster, ns = op.cluster, namespace
+    cluster.apply(
+        {
+            "apiVersion": f"{GROUP}/v1alpha1",
+            "kind": "InferenceService",
+            "metadata": {"name": "hpa"},
+            "spec": {
+                "model": {"name": "fake", "source": {"image": {"path": "/models/fake"}}},
+                "replicas": 1,
+                "gpu": {"count": 1},
+                "warmup": {"enabled": False},
+                "autoscaling": {
+                    "enabled": True,
+                    "mode": "HPA",
+                    "metric": "RequestsWaiting",
+                    "target": "0.5",
+                    "periodSeconds": 2,
+                },
+            },
+        },
+        namespace=ns,
+    )
+
+    def hpa_condition(type_: str) -> dict[str, Any]:
+        return _condition(_get(cluster, ns, "hpa", "hpa"), type_)
+
+    # The real HPA controller read the InferenceService's scale subresource ...
+    _wait(lambda: hpa_condition("AbleToScale").get("status") == "True", "AbleToScale", 90)
+    # ... and, with no metrics adapter in this cluster, says it cannot get the metric.
+    active = _wait(lambda: hpa_condition("ScalingActive") or None, "ScalingActive", 90)
+    assert "vllm_num_requests_waiting" in active.get("message", ""), active
+    hpa = _get(cluster, ns, "hpa", "hpa")
+    assert hpa is not None
+    assert hpa["spec"]["metrics"][0]["pods"]["target"]["averageValue"] in ("500m", "0.5")
+    assert hpa["spec"]["behavior"]["scaleDown"]["selectPolicy"] == "Max"
+    _wait(
+        lambda: ((_get(cluster, ns, "isvc", "hpa") or {}).get("status", {}).get("autoscaling")
+                 or {}).get("horizontalPodAutoscaler") == "hpa",
+        "status.autoscaling to name the HPA",
+        30,
+    )  # fmt: skip
+
+    # A benchmark's lock (its load Job) turns the HPA's scale-down off, and back on after.
+    cluster.apply(
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {
+                "name": "lock",
+                "labels": {
+                    f"{GROUP}/scale-down-lock": "true",
+                    f"{GROUP}/lock-target": "hpa",
+                    f"{GROUP}/inference-benchmark": "lock",
+                },
+            },
+            # Suspended: no pod runs (kwok would complete it at once), and it never
+            # finishes, so the lock holds until the Job is deleted.
+            "spec": {
+                "suspend": True,
+                "template": {
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "containers": [{"name": "c", "image": "none"}],
+                    }
+                },
+            },
+        },
+        namespace=ns,
+    )
+
+    def select_policy() -> str:
+        found = _get(cluster, ns, "hpa", "hpa") or {}
+        return str(found["spec"]["behavior"]["scaleDown"]["selectPolicy"])
+
+    _wait(lambda: _get(cluster, ns, "job", "lock", ) and select_policy() == "Disabled",
+          "scale-down Disabled", 60)  # fmt: skip
+    cluster.kubectl("delete", "job", "lock", "-n", ns)
+    _wait(lambda: select_policy() == "Max", "scale-down back on", 60)
+    # Autoscaling off: the HPA goes.
+    cluster.kubectl(
+        "patch", "isvc", "hpa", "-n", ns, "--type=merge",
+        "-p", '{"spec": {"autoscaling": {"enabled": false}}}',
+    )  # fmt: skip
+    _wait(lambda: _get(cluster, ns, "hpa", "hpa") is None, "the HPA to go", 60)

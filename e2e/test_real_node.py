@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import secrets
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,6 +32,7 @@ from e2e.cluster.images import Images
 from e2e.dev import service_url
 from e2e.real_node_fixtures import ChartOperator, operator_pod
 from e2e.vllm_server import Streams
+from vllm_operator.bench.archive import unpack
 from vllm_operator.constants import LABEL_SERVICE as SERVICE_LABEL
 from vllm_operator.constants import LABEL_WARMUP_FOR as WARMUP_LABEL
 from vllm_operator.constants import WARMED_UP_CONDITION as GATE
@@ -247,6 +250,108 @@ def test_a_benchmark_runs_as_a_real_load_job_under_the_scale_down_lock(
     assert args[args.index("--endpoint") + 1] == f"http://tiny-chat.{ns}.svc:8000"
     results = cluster.kubectl_json("get", "configmap", "real-load-results", "-n", ns)
     assert results["data"]["requests"] == str(headline["requests"])
+
+
+def _bench_status(cluster: ClusterHandle, ns: str, name: str) -> dict[str, Any]:
+    got: dict[str, Any] = cluster.kubectl_json("get", "inferencebenchmark", name, "-n", ns)
+    return got.get("status", {})
+
+
+def _ready_reason(status: dict[str, Any]) -> str | None:
+    ready = [c for c in status.get("conditions", []) if c["type"] == "Ready"]
+    return ready[0].get("reason") if ready else None
+
+
+def test_a_benchmark_reads_its_dataset_and_leaves_every_request_in_its_results_config_map(
+    cluster: ClusterHandle, served: str, tmp_path: Path
+) -> None:
+    """Against the real vLLM: a benchmark waits for its dataset ConfigMap, reads its prompts
+    from it, and its load Job writes every request into the results ConfigMap under its
+    own ServiceAccount; the documented recipe turns that back into a report."""
+    ns = served
+    requests = 12
+    bench = {
+        "apiVersion": "inference.vllm-operator.dev/v1alpha1",
+        "kind": "InferenceBenchmark",
+        "metadata": {"name": "replay"},
+        "spec": {
+            "targetRef": {"name": "tiny-chat"},
+            "workload": {"dataset": {"name": "prompts", "key": "chat.jsonl"}},
+            "arrival": {"process": "ClosedLoop", "concurrency": 2},
+            "requests": requests,
+            "endpoint": {"api": "ChatCompletions", "stream": True},
+            "seed": 1,
+        },
+    }
+    # Applied before its dataset exists: it waits, saying for what.
+    cluster.apply(bench, namespace=ns)
+    wait_until(
+        "DatasetNotFound",
+        lambda: _ready_reason(_bench_status(cluster, ns, "replay")) == "DatasetNotFound",
+        120,
+    )
+    waiting = _bench_status(cluster, ns, "replay")
+    assert waiting["phase"] == "Pending"
+    [ready] = [c for c in waiting["conditions"] if c["type"] == "Ready"]
+    assert "spec.workload.dataset" in ready["message"]
+    assert cluster.kubectl("get", "job", "replay-load", "-n", ns, check=False).returncode != 0
+    lines = [
+        {"messages": [{"role": "user", "content": f"Question {i}: what is {i} plus {i}?"}],
+         "output_tokens": 4 + i % 3}
+        for i in range(5)
+    ]  # fmt: skip
+    cluster.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "prompts"},
+            "data": {"chat.jsonl": "\n".join(json.dumps(line) for line in lines) + "\n"},
+        },
+        namespace=ns,
+    )
+    wait_until(
+        "the benchmark to end",
+        lambda: _bench_status(cluster, ns, "replay").get("phase") in ("Succeeded", "Failed"),
+        300,
+    )
+    status = _bench_status(cluster, ns, "replay")
+    assert status["phase"] == "Succeeded", status
+    assert status["headline"]["requests"] == requests
+    assert status["headline"]["succeeded"] == requests, status["headline"]
+    assert status["resultsConfigMap"] == "replay-results"
+
+    config_map = cluster.kubectl_json("get", "configmap", "replay-results", "-n", ns)
+    assert config_map["metadata"]["ownerReferences"][0]["name"] == "replay"
+    assert config_map["data"]["requests"] == str(requests)
+    assert config_map["data"]["requestsDropped"] == "0"
+    results = unpack(config_map)
+    (level,) = results["levels"]
+    assert len(level["requests"]) == requests == level["stats"]["requests"]
+    assert all(r["error"] is None for r in level["requests"]), level["requests"]
+    # The prompts came from the dataset: its output lengths, and no other.
+    assert {r["output_tokens_planned"] for r in level["requests"]} <= {4, 5, 6}
+    assert all(r["completion_tokens"] == r["output_tokens_planned"] for r in level["requests"])
+    # The Job's identity may write its results and nothing else.
+    as_job = f"--as=system:serviceaccount:{ns}:replay-load"
+    can = cluster.kubectl(
+        "auth", "can-i", "patch", "configmap/replay-results", "-n", ns, as_job, check=False
+    )
+    assert can.stdout.strip() == "yes"
+    cannot = cluster.kubectl(
+        "auth", "can-i", "patch", "configmap/prompts", "-n", ns, as_job, check=False
+    )
+    assert cannot.stdout.strip() == "no"
+
+    # The documented recipe: the ConfigMap back into results.json and the HTML report.
+    cm_json = cluster.kubectl("get", "configmap", "replay-results", "-n", ns, "-o", "json").stdout
+    report = tmp_path / "report"
+    subprocess.run(
+        [sys.executable, "-m", "vllm_operator.cli", "bench", "--from-results", "-",
+         "--output-dir", str(report)],
+        input=cm_json, text=True, check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    assert json.loads((report / "results.json").read_text())["levels"][0]["requests"]
+    assert "<svg" in (report / "report.html").read_text()
 
 
 def test_deleting_the_pod_lets_the_streams_in_flight_finish(

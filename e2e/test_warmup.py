@@ -1,22 +1,30 @@
-"""Warmup-gated readiness on the real control plane, with real processes behind the pods:
-a CPU vLLM (marked ``vllm``), or a misbehaving server for the failure cases."""
+"""Warmup-gated readiness through the real kubelet, with the operator as the chart's pod
+(``chart_operator``) and misbehaving servers as the pods' containers.
+
+The servers are containers of the fault-server image (e2e/images/fault-server): the
+operator renders its usual ``vllm serve`` arguments, the image answers ``/health``
+(so the kubelet's probes pass) and generates in the mode the service's environment
+picks: ``ok``, ``slow`` (0.4 s to each first token, so a warmup takes a while) or
+``fail`` (every generation answers 500). A real CPU vLLM's warmup, gate and TTFT are in
+e2e/test_real_node.py; this module is about what the operator does around the kubelet:
+scale-up, failed warmups, a pod deleted mid-warmup, an operator restarted mid-warmup,
+and a server container that crashed and was restarted by the kubelet.
+"""
 
 from __future__ import annotations
 
-import json
-import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
-import httpx
 import pytest
 
-from e2e.cluster.cluster import ClusterHandle
-from e2e.operator_fixtures import OperatorProcess
-from e2e.test_operator import _condition, _get, _wait
+from e2e.cluster import node
+from e2e.cluster.cluster import ClusterHandle, wait_until
+from e2e.cluster.images import Images
+from e2e.real_node_fixtures import ChartOperator
+from vllm_operator.constants import GROUP, LABEL_SERVICE, LABEL_WARMUP_FOR
+from vllm_operator.constants import WARMED_UP_CONDITION as GATE
 
-GROUP = "inference.vllm-operator.dev"
-GATE = f"{GROUP}/warmed-up"
 TINY_ARCH = {
     "numLayers": 2,
     "hiddenSize": 256,
@@ -29,7 +37,7 @@ TINY_ARCH = {
 }
 
 
-def _isvc(name: str, runner: str, **spec: Any) -> dict[str, Any]:
+def _isvc(name: str, mode: str, image: str, **spec: Any) -> dict[str, Any]:
     body: dict[str, Any] = {
         "apiVersion": f"{GROUP}/v1alpha1",
         "kind": "InferenceService",
@@ -40,214 +48,200 @@ def _isvc(name: str, runner: str, **spec: Any) -> dict[str, Any]:
                 "source": {"image": {"path": "/models/tiny-llama"}},
                 "architecture": TINY_ARCH,
             },
-            "gpu": {"count": 1},
+            "image": image,
+            # The real node's GPUs (its CPUs stand in), so the pods land there.
+            "gpu": {"count": 1, "products": ["NVIDIA-L4"]},
+            "node": {"cpus": 1, "memory": "256Mi", "shmSize": "64Mi"},
             "workload": {
                 "promptTokens": {"type": "Uniform", "min": 16, "max": 128},
                 "outputTokens": {"type": "Fixed", "value": 16},
                 "peakConcurrency": 4,
             },
             "warmup": {"enabled": True, "timeoutSeconds": 120, "maxRetries": 0},
-            "podTemplate": {"annotations": {"e2e.vllm-operator.dev/runner": runner}},
+            "podTemplate": {"env": [{"name": "VLLM_FAULT_MODE", "value": mode}]},
         },
     }
     body["spec"].update(spec)
     return body
 
 
-def _pods(cluster: ClusterHandle, ns: str, name: str) -> list[dict[str, Any]]:
-    found = _get(cluster, ns, "pods", "-l", f"{GROUP}/inference-service={name}")
-    return [p for p in (found or {}).get("items", []) if not p["metadata"].get("deletionTimestamp")]
+def _condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
+    for cond in obj.get("status", {}).get("conditions", []):
+        if cond["type"] == type_:
+            found: dict[str, Any] = cond
+            return found
+    return {}
+
+
+def _servers(cluster: ClusterHandle, ns: str, name: str) -> list[dict[str, Any]]:
+    pods = cluster.kubectl_json("get", "pods", "-n", ns, "-l", f"{LABEL_SERVICE}={name}")
+    return [
+        p
+        for p in pods["items"]
+        if LABEL_WARMUP_FOR not in p["metadata"]["labels"]
+        and not p["metadata"].get("deletionTimestamp")
+    ]
 
 
 def _jobs(cluster: ClusterHandle, ns: str, name: str) -> list[dict[str, Any]]:
-    found = _get(cluster, ns, "jobs", "-l", f"{GROUP}/warmup-for={name}")
-    return (found or {}).get("items", [])
+    jobs: list[dict[str, Any]] = cluster.kubectl_json(
+        "get", "jobs", "-n", ns, "-l", f"{LABEL_WARMUP_FOR}={name}"
+    )["items"]
+    return jobs
+
+
+def _isvc_now(cluster: ClusterHandle, ns: str, name: str) -> dict[str, Any]:
+    got: dict[str, Any] = cluster.kubectl_json("get", "isvc", name, "-n", ns)
+    return got
 
 
 def _ready_replicas(cluster: ClusterHandle, ns: str, name: str, n: int) -> dict[str, Any]:
-    return _wait(
-        lambda: (
-            (i := _get(cluster, ns, "isvc", name))
-            and i.get("status", {}).get("readyReplicas") == n
-            and _condition(i, "Ready").get("status") == "True"
-            and i
-        ),
-        f"{n} ready replicas of {name}",
-        timeout=420,
-    )
+    def ready() -> bool:
+        isvc = _isvc_now(cluster, ns, name)
+        return (
+            isvc.get("status", {}).get("readyReplicas") == n
+            and _condition(isvc, "Ready").get("status") == "True"
+        )
+
+    wait_until(f"{n} ready replicas of {name}", ready, 180)
+    return _isvc_now(cluster, ns, name)
 
 
-def _ttft(url: str, tag: str) -> float:
-    """Seconds to the first streamed token of one chat completion (a prompt of its own, so
-    no prefix-cache hit flatters it)."""
-    body = {
-        "model": "tiny-llama",
-        "messages": [{"role": "user", "content": f"{tag}: hello there, how are you today?"}],
-        "max_tokens": 8,
-        "stream": True,
-    }
-    start = time.perf_counter()
-    with httpx.stream("POST", url, json=body, timeout=60) as response:
-        response.raise_for_status()
-        for line in response.iter_lines():
-            if line.startswith("data: ") and '"content"' in line:
-                return time.perf_counter() - start
-    raise AssertionError("no token streamed")
+@pytest.fixture
+def fault_ns(chart_operator: ChartOperator, real_namespace: Callable[..., str]) -> str:
+    # Baseline: the server pods the operator renders carry no securityContext of their own.
+    return real_namespace(pod_security="baseline")
 
 
-@pytest.fixture(scope="module")
-def served(
-    operator_process: OperatorProcess,
-    pod_runner: int,
-) -> Iterator[tuple[ClusterHandle, str]]:
-    """A tiny-llama service on a real CPU vLLM, in a namespace of its own."""
-    cluster = operator_process.cluster
-    ns = f"e2e-warmup-{int(time.time()) % 100000}"
-    cluster.kubectl("create", "namespace", ns)
-    cluster.kubectl("wait", "--for=create", "serviceaccount/default", "-n", ns, "--timeout=60s")
-    cluster.apply(_isvc("tiny", "vllm"), namespace=ns)
-    yield cluster, ns
-    cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
-    cluster.kubectl(
-        "delete", "pods", "--all", "-n", ns, "--wait=true", "--timeout=60s", check=False
-    )
-
-
-@pytest.mark.vllm
-def test_a_pod_becomes_ready_only_after_its_warmup(served: tuple[ClusterHandle, str]) -> None:
-    cluster, ns = served
-    isvc = _ready_replicas(cluster, ns, "tiny", 1)
-    [pod] = _pods(cluster, ns, "tiny")
+def test_a_pod_becomes_ready_after_its_warmup_and_scaling_up_warms_only_the_new_one(
+    cluster: ClusterHandle, real_images: Images, fault_ns: str
+) -> None:
+    ns = fault_ns
+    cluster.apply(_isvc("svc", "ok", real_images.fault_server), namespace=ns)
+    isvc = _ready_replicas(cluster, ns, "svc", 1)
+    [pod] = _servers(cluster, ns, "svc")
+    assert pod["spec"]["nodeName"] == node.NODE_NAME
+    assert pod["spec"]["containers"][0]["image"] == real_images.fault_server
     conds = {c["type"]: c for c in pod["status"]["conditions"]}
     assert conds[GATE]["status"] == "True" and conds[GATE]["reason"] == "WarmedUp"
-    # Ready followed the gate, which followed the server answering /health.
-    assert conds["ContainersReady"]["lastTransitionTime"] <= conds[GATE]["lastTransitionTime"]
-    assert conds[GATE]["lastTransitionTime"] <= conds["Ready"]["lastTransitionTime"]
-    [job] = _jobs(cluster, ns, "tiny")
+    assert (
+        conds["ContainersReady"]["lastTransitionTime"]
+        <= conds[GATE]["lastTransitionTime"]
+        <= conds["Ready"]["lastTransitionTime"]
+    )
+    [job] = _jobs(cluster, ns, "svc")
     assert job["metadata"]["name"] in conds[GATE]["message"]
     assert job["status"].get("succeeded") == 1
     assert job["metadata"]["ownerReferences"][0]["uid"] == pod["metadata"]["uid"]
-    warm = isvc["status"]["warmup"]
-    assert warm["lastColdTtftMilliseconds"] > 0 and warm["lastWarmTtftMilliseconds"] > 0
     assert _condition(isvc, "WarmedUp")["status"] == "True"
 
-
-@pytest.mark.vllm
-def test_the_first_request_after_ready_is_served_warm(served: tuple[ClusterHandle, str]) -> None:
-    cluster, ns = served
-    isvc = _ready_replicas(cluster, ns, "tiny", 1)
-    status_warm_ms = isvc["status"]["warmup"]["lastWarmTtftMilliseconds"]
-    [pod] = _pods(cluster, ns, "tiny")
-    url = f"http://{pod['status']['podIP']}:8000/v1/chat/completions"
-    # The warm median is measured here too, by the same client under the same load on
-    # this shared machine, so the two numbers compare like with like.
-    first_ms = _ttft(url, "first") * 1000
-    after = sorted(_ttft(url, f"later {i}") * 1000 for i in range(7))
-    warm_ms = after[len(after) // 2]
-    print(
-        f"first request after Ready: TTFT {first_ms:.1f} ms; warm median {warm_ms:.1f} ms "
-        f"(the warmup reported {status_warm_ms} ms)"
-    )
-    assert first_ms <= 1.5 * warm_ms, f"first TTFT {first_ms:.1f} ms vs warm {warm_ms:.1f} ms"
-
-
-@pytest.mark.vllm
-def test_scaling_up_warms_only_the_new_pod(served: tuple[ClusterHandle, str]) -> None:
-    cluster, ns = served
-    _ready_replicas(cluster, ns, "tiny", 1)
-    [first_job] = [j["metadata"]["name"] for j in _jobs(cluster, ns, "tiny")]
-    cluster.kubectl("scale", "isvc", "tiny", "-n", ns, "--replicas=2")
-    _ready_replicas(cluster, ns, "tiny", 2)
-    jobs = sorted(j["metadata"]["name"] for j in _jobs(cluster, ns, "tiny"))
-    assert len(jobs) == 2 and first_job in jobs, jobs
-    gates = sorted(
-        next(c for c in p["status"]["conditions"] if c["type"] == GATE)["message"]
-        for p in _pods(cluster, ns, "tiny")
-    )
+    cluster.kubectl("scale", "isvc", "svc", "-n", ns, "--replicas=2")
+    _ready_replicas(cluster, ns, "svc", 2)
+    jobs = sorted(j["metadata"]["name"] for j in _jobs(cluster, ns, "svc"))
+    assert len(jobs) == 2 and job["metadata"]["name"] in jobs, jobs
+    gates = [_condition(p, GATE)["message"] for p in _servers(cluster, ns, "svc")]
     assert all(any(j in g for g in gates) for j in jobs), "each pod warmed by its own Job"
 
 
 def test_a_failing_warmup_keeps_the_pod_out_with_the_reason(
-    operator_process: OperatorProcess,
-    pod_runner: int,
-    namespace: str,
+    cluster: ClusterHandle, real_images: Images, fault_ns: str
 ) -> None:
-    cluster = operator_process.cluster
-    cluster.apply(
-        _isvc(
-            "broken", "fake-fail", warmup={"enabled": True, "timeoutSeconds": 20, "maxRetries": 0}
-        ),
-        namespace=namespace,
-    )
-    isvc = _wait(
-        lambda: (
-            (i := _get(cluster, namespace, "isvc", "broken"))
-            and _condition(i, "WarmedUp").get("reason") == "WarmupFailed"
-            and i
-        ),
+    ns = fault_ns
+    warmup = {"enabled": True, "timeoutSeconds": 20, "maxRetries": 0}
+    cluster.apply(_isvc("broken", "fail", real_images.fault_server, warmup=warmup), namespace=ns)
+    wait_until(
         "WarmedUp=False with WarmupFailed",
-        timeout=120,
+        lambda: (
+            _condition(_isvc_now(cluster, ns, "broken"), "WarmedUp").get("reason") == "WarmupFailed"
+        ),
+        120,
     )
+    isvc = _isvc_now(cluster, ns, "broken")
     assert _condition(isvc, "Ready")["status"] == "False"
     assert _condition(isvc, "Ready")["reason"] == "WarmupFailed"
-    assert (
-        "500" in _condition(isvc, "WarmedUp")["message"]
-        or "Error" in _condition(isvc, "WarmedUp")["message"]
-    )
-    [pod] = _pods(cluster, namespace, "broken")
+    message = _condition(isvc, "WarmedUp")["message"]
+    assert "500" in message or "Error" in message, message
+    [pod] = _servers(cluster, ns, "broken")
     conds = {c["type"]: c for c in pod["status"]["conditions"]}
-    assert conds["ContainersReady"]["status"] == "True", "the server answers /health"
+    assert conds["ContainersReady"]["status"] == "True", "the kubelet's probe passes /health"
     assert conds[GATE]["status"] == "False" and conds[GATE]["reason"] == "WarmupFailed"
     assert conds["Ready"]["status"] == "False"
+    # Out of the Service: the gate keeps the address out of its endpoints.
+    slices = cluster.kubectl_json(
+        "get", "endpointslices", "-n", ns, "-l", "kubernetes.io/service-name=broken"
+    )["items"]
+    ready = [e for s in slices for e in s.get("endpoints") or [] if e["conditions"].get("ready")]
+    assert not ready, ready
 
 
 def test_deleting_a_pod_mid_warmup_leaves_no_job(
-    operator_process: OperatorProcess,
-    pod_runner: int,
-    namespace: str,
+    cluster: ClusterHandle, real_images: Images, fault_ns: str
 ) -> None:
-    cluster = operator_process.cluster
-    cluster.apply(_isvc("slow", "fake-slow"), namespace=namespace)
-    [job] = _wait(lambda: _jobs(cluster, namespace, "slow"), "a warmup Job", timeout=120)
+    ns = fault_ns
+    cluster.apply(_isvc("slow", "slow", real_images.fault_server), namespace=ns)
+    wait_until("a warmup Job", lambda: bool(_jobs(cluster, ns, "slow")), 120)
+    [job] = _jobs(cluster, ns, "slow")
     pod_name = job["metadata"]["ownerReferences"][0]["name"]
-    cluster.kubectl("delete", "pod", pod_name, "-n", namespace, "--wait=true", "--timeout=60s")
-    _wait(
+    cluster.kubectl("delete", "pod", pod_name, "-n", ns, "--wait=true", "--timeout=90s",
+                    timeout=100)  # fmt: skip
+    wait_until(
+        "the Job of the deleted pod to be gone",
         lambda: (
             job["metadata"]["name"]
-            not in [j["metadata"]["name"] for j in _jobs(cluster, namespace, "slow")]
+            not in [j["metadata"]["name"] for j in _jobs(cluster, ns, "slow")]
         ),
-        "the Job of the deleted pod to be gone",
-        timeout=60,
+        60,
     )
-    leftovers = json.loads(cluster.kubectl("get", "jobs", "-n", namespace, "-o", "json").stdout)[
-        "items"
-    ]
-    owners = {j["metadata"]["ownerReferences"][0]["name"] for j in leftovers}
+    owners = {
+        j["metadata"]["ownerReferences"][0]["name"]
+        for j in cluster.kubectl_json("get", "jobs", "-n", ns)["items"]
+    }
     assert pod_name not in owners
 
 
-def test_an_operator_restart_mid_warmup_neither_skips_nor_repeats_it(
-    operator_process: OperatorProcess,
-    pod_runner: int,
-    namespace: str,
+def test_an_operator_crash_mid_warmup_neither_skips_nor_repeats_it(
+    cluster: ClusterHandle, real_images: Images, chart_operator: ChartOperator, fault_ns: str
 ) -> None:
-    cluster = operator_process.cluster
-    if not operator_process.alive():
-        operator_process.start()
-    cluster.apply(_isvc("slow", "fake-slow"), namespace=namespace)
-    [job] = _wait(lambda: _jobs(cluster, namespace, "slow"), "a warmup Job", timeout=120)
-    operator_process.stop(kill=True)
-    operator_process.start()
-    isvc = _wait(
-        lambda: (
-            (i := _get(cluster, namespace, "isvc", "slow"))
-            and _condition(i, "Ready").get("status") == "True"
-            and i
-        ),
-        "Ready after the restart",
-        timeout=180,
-    )
-    jobs = _jobs(cluster, namespace, "slow")
+    ns = fault_ns
+    cluster.apply(_isvc("slow", "slow", real_images.fault_server), namespace=ns)
+    wait_until("a warmup Job", lambda: bool(_jobs(cluster, ns, "slow")), 120)
+    [job] = _jobs(cluster, ns, "slow")
+    chart_operator.process.stop(kill=True)  # SIGKILL on the node; the kubelet restarts it
+    chart_operator.process.start()
+    isvc = _ready_replicas(cluster, ns, "slow", 1)
+    jobs = _jobs(cluster, ns, "slow")
     assert [j["metadata"]["name"] for j in jobs] == [job["metadata"]["name"]], "one Job only"
     assert jobs[0]["status"].get("succeeded") == 1, "the gate opened only after it succeeded"
     assert _condition(isvc, "WarmedUp")["status"] == "True"
+
+
+def test_a_server_container_restarted_by_the_kubelet_is_warmed_again(
+    cluster: ClusterHandle, real_images: Images, fault_ns: str
+) -> None:
+    ns = fault_ns
+    cluster.apply(_isvc("svc", "ok", real_images.fault_server), namespace=ns)
+    _ready_replicas(cluster, ns, "svc", 1)
+    [pod] = _servers(cluster, ns, "svc")
+    [first] = [j["metadata"]["name"] for j in _jobs(cluster, ns, "svc")]
+    assert cluster.settings is not None
+    node.kill_container(cluster.settings, pod["status"]["containerStatuses"][0]["containerID"])
+
+    def warmed_again() -> bool:
+        [now] = _servers(cluster, ns, "svc")
+        status = now["status"]["containerStatuses"][0]
+        gate = _condition(now, GATE)
+        return (
+            status["restartCount"] == 1
+            and gate.get("status") == "True"
+            and first not in gate.get("message", "")
+        )
+
+    wait_until("the restarted container warmed by a new Job", warmed_again, 180)
+    [now] = _servers(cluster, ns, "svc")
+    assert now["metadata"]["uid"] == pod["metadata"]["uid"], "the same pod, restarted in place"
+    jobs = {j["metadata"]["name"]: j for j in _jobs(cluster, ns, "svc")}
+    assert len(jobs) == 2 and first in jobs, sorted(jobs)
+    [second] = [name for name in jobs if name != first]
+    assert second in _condition(now, GATE)["message"]
+    assert jobs[second]["status"].get("succeeded") == 1
+    assert _condition(_isvc_now(cluster, ns, "svc"), "Ready")["status"] == "True"

