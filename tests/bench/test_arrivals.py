@@ -51,7 +51,7 @@ def test_gamma_burstiness_sets_the_coefficient_of_variation(shape: float) -> Non
 
 
 def test_pulse_puts_the_fraction_of_each_periods_requests_in_its_window() -> None:
-    # PRODUCT.md's example: 40 % of each minute's requests in its first 10 s.
+    # docs/field-notes.md's example (9): 40 % of each minute's requests in its first 10 s.
     s = arrivals.pulse(10.0, 0.4, 10.0, 60.0, random.Random(3), duration=1800.0)
     in_window = sum(1 for t in s.offsets if t % 60.0 < 10.0)
     assert len(s.offsets) == pytest.approx(10.0 * 1800, rel=0.03)

@@ -58,7 +58,7 @@ def test_lognormal_has_its_median_and_a_long_right_tail() -> None:
 
 
 def test_buckets_follow_their_weights() -> None:
-    # PRODUCT.md's example mix.
+    # The mix of docs/field-notes.md (9).
     d = dist(
         type="Buckets",
         buckets=[

@@ -1,4 +1,4 @@
-"""The planner against the failures PRODUCT.md lists, and the rest of its decisions."""
+"""The planner against the failures docs/field-notes.md lists, and the rest of its decisions."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Arrival processes: when each request of an open-loop load level is due, as absolute
 offsets in seconds from the level's start.
 
-Uniform arrivals understate latency: real traffic comes in bursts (PRODUCT.md: 40 % of a
-minute's requests in its first 10 s). The processes:
+Uniform arrivals understate latency: real traffic comes in bursts (40 % of a minute's
+requests in its first 10 s, docs/field-notes.md, 9). The processes:
 
 - **Constant**: every ``1/rate`` seconds.
 - **Poisson**: exponential gaps with mean ``1/rate`` (independent users).

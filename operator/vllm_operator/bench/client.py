@@ -1,7 +1,6 @@
 """The load client: sends planned requests on schedule and records when things happened.
 
-How it avoids the mistakes of other benchmark clients (PRODUCT.md, "Lessons from the
-anchors"):
+How it avoids the mistakes other benchmark clients make:
 
 - **Absolute send times.** Each request is due at ``start + offset`` on the monotonic clock
   and is written by a timer callback for that instant (``loop.call_at``), never after

@@ -1,8 +1,8 @@
 """Workload: how long each request's prompt and output are, and the prompt text itself.
 
 Real traffic is not fixed-length: prompts run from ten to thousands of tokens and outputs
-from tens to over a thousand, and a benchmark with one length hides the tail (PRODUCT.md,
-"Benchmarks that lie"). Lengths come from the distributions of the API
+from tens to over a thousand, and a benchmark with one length hides the tail
+(docs/field-notes.md, 9). Lengths come from the distributions of the API
 (:class:`~vllm_operator.models.workload.LengthDistribution`: Fixed, Uniform, Normal,
 LogNormal, weighted Buckets), from a JSONL dataset of real prompts, or from a trace.
 

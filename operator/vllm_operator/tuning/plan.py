@@ -5,7 +5,7 @@ Planning one replica on one node's GPU set goes in this order, each step stating
 1. **Context** (``--max-model-len``) from the workload's longest requests (prompt plus
    output, see :mod:`~vllm_operator.tuning.workload`), not the model's maximum: a 32k
    context for requests under 2k wastes KV blocks and cut throughput from 112 to 43 QPS in
-   one deployment (PRODUCT.md). Without declared lengths, the model's maximum.
+   one deployment (docs/field-notes.md, 2). Without declared lengths, the model's maximum.
 2. **Sequences** (``--max-num-seqs``) about 1.5x the peak concurrency one replica sees, not
    vLLM's 256: at 256 where 128 sufficed, P99 was 22 % worse. Bounded by how many typical
    requests the KV cache holds, so the scheduler does not admit work it must preempt.
@@ -13,7 +13,7 @@ Planning one replica on one node's GPU set goes in this order, each step stating
    for at least one typical request; then, only over NVLink, the smallest that also holds
    the workload's KV demand (headroom) or meets a TPOT objective. Never more GPUs over
    PCIe than the weights need: for a model that fits one GPU, TP across a host bridge ran
-   at 3.2 tok/s where one GPU per replica gave 12 (PRODUCT.md), so extra GPUs become
+   at 3.2 tok/s where one GPU per replica gave 12 (docs/field-notes.md, 1), so extra GPUs become
    replicas instead. TP must divide the attention heads (and the KV heads, or be a
    multiple of them) and the MLP width.
 4. Memory utilization, dtype, the quantization kernel, KV dtype, batch budget, prefix
@@ -97,7 +97,7 @@ DEFAULT_SEQS: Final[dict[str, int]] = {
 }
 # Output tokens assumed when only prompt lengths are declared.
 ASSUMED_OUTPUT_TOKENS: Final = 1024
-EAGER_COST: Final = "15-22 % less steady-state throughput (PRODUCT.md)"
+EAGER_COST: Final = "15-22 % less steady-state throughput (docs/field-notes.md)"
 
 FitReason = Literal[
     "WeightsDoNotFit", "ContextDoesNotFit", "InvalidParallelism", "NotEnoughGPUs", "NoMatchingGPUs"
