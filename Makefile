@@ -45,12 +45,20 @@ images: venv node-deps binaries vllm ## Build (or reuse) the images the real nod
 setup: venv binaries vllm node-deps node-binaries images ## Everything the tests need: venv, binaries, CPU vLLM, the real node and its images.
 
 .PHONY: test
-test: setup ## Run every test: the unit tier, then the cluster tier on the real control plane.
+test: setup ## Run every test: unit, real-vLLM and timing tests, then the cluster tier.
 	$(BIN)/pytest tests e2e $(PYTEST_ARGS)
 
 .PHONY: test-unit
-test-unit: venv ## Run the unit tier only (no cluster, seconds).
-	$(BIN)/pytest tests $(PYTEST_ARGS)
+test-unit: venv ## Run the unit tier only: no cluster, no real vLLM, no wall-clock assertion.
+	$(BIN)/pytest tests -m "not vllm and not timing" $(PYTEST_ARGS)
+
+.PHONY: test-vllm
+test-vllm: venv vllm ## Run the tests/ that start a real CPU vLLM (marker vllm).
+	$(BIN)/pytest tests -m vllm $(PYTEST_ARGS)
+
+.PHONY: test-timing
+test-timing: venv ## Run the tests/ that assert on wall-clock time (marker timing); best on an idle machine.
+	$(BIN)/pytest tests -m timing $(PYTEST_ARGS)
 
 .PHONY: test-e2e
 test-e2e: setup ## Run the cluster tier only.

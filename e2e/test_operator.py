@@ -289,7 +289,8 @@ def test_a_restart_mid_reconcile_leaves_no_twins_and_no_rollout(
 ) -> None:
     cluster = op.cluster
     cluster.apply(_isvc("chat"), namespace=namespace)
-    time.sleep(0.5)  # deliberately mid-reconcile: the kill must land while it works
+    # Killed mid-reconcile: once its first child exists, before the rest and the status.
+    _wait(lambda: _get(cluster, namespace, "deployment", "chat"), "the first child", timeout=60)
     op.stop(kill=True)
     op.start()
     _wait_ready(cluster, namespace, "chat")

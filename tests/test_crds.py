@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +34,23 @@ def _walk(node: dict[str, Any], path: str = "") -> list[tuple[str, dict[str, Any
     return found
 
 
-def test_generation_is_deterministic() -> None:
-    assert crd_files() == crd_files()
+@pytest.mark.parametrize("seed", ["0", "12345"])
+def test_generation_is_the_same_in_another_process_and_hash_seed(seed: str) -> None:
+    """Set and dict order, hash randomisation, import order: whatever can differ between
+    two runs differs between this process and a fresh one with another PYTHONHASHSEED."""
+    script = (
+        "import json, sys; from vllm_operator.cli import crd_files; "
+        "json.dump(crd_files(), sys.stdout)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONHASHSEED": seed},
+        timeout=120,
+    )
+    assert json.loads(proc.stdout) == crd_files()
 
 
 def test_the_committed_crds_are_current() -> None:

@@ -37,6 +37,9 @@ from vllm_operator.bench.records import LevelRecording, Load
 from vllm_operator.bench.stats import PERCENTILES, LevelStats, Slo, Summary, summarize
 from vllm_operator.bench.workload import RequestPlan
 
+# Millisecond tolerances against the wall clock: its own tier (make test-timing).
+pytestmark = pytest.mark.timing
+
 TOLERANCE_S = 0.001
 
 

@@ -71,6 +71,7 @@ async def test_only_the_chat_api_when_asked(fake: FakeOpenAI) -> None:
     assert {r.path for r in fake.received} == {"/v1/chat/completions"}
 
 
+@pytest.mark.timing  # the budget is checked against the wall clock
 @pytest.mark.parametrize("status", [503, None], ids=["health answers 503", "nothing listens"])
 async def test_server_that_never_becomes_healthy_fails_within_the_budget(
     status: int | None,
@@ -93,6 +94,7 @@ async def test_server_that_never_becomes_healthy_fails_within_the_budget(
         assert fake.health_checks >= 5  # it polled, rather than waiting once
 
 
+@pytest.mark.timing  # the budget is checked against the wall clock
 @pytest.mark.parametrize(
     "server", [Behaviour(generate_status=500)], indirect=True, ids=["generation answers 500"]
 )
@@ -115,6 +117,7 @@ async def test_server_whose_model_list_fails_is_reported_as_errors(server: FakeO
     assert "/v1/models" in report.message and "500" in report.message
 
 
+@pytest.mark.timing  # the budget is checked against the wall clock
 @pytest.mark.parametrize(
     "server",
     [Behaviour(ttft=lambda _n: 60.0)],
@@ -155,6 +158,7 @@ async def test_ttft_that_keeps_growing_does_not_settle(fake: FakeOpenAI) -> None
     assert "did not settle after 8 probes" in report.message
 
 
+@pytest.mark.timing  # the budget is checked against the wall clock
 async def test_ttft_still_moving_when_the_budget_ends_is_reported_not_settled(
     fake: FakeOpenAI,
 ) -> None:
