@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from vllm_operator.constants import DEFAULT_SERVING_IMAGE
-from vllm_operator.render.quantity import parse_quantity
+from vllm_operator.models.quantity import parse_quantity
 
 # A resource name as Kubernetes spells one (cpu, memory, ephemeral-storage, vendor/name).
 _RESOURCE_NAME = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[a-zA-Z0-9]([-_.a-zA-Z0-9]*[a-zA-Z0-9])?$"

@@ -6,8 +6,8 @@ from typing import Any
 
 from tests.specs import isvc, plan_for
 from vllm_operator.constants import WARMED_UP_CONDITION
+from vllm_operator.models.quantity import to_bytes
 from vllm_operator.render.deployment import build_deployment
-from vllm_operator.render.quantity import to_bytes
 
 
 def _deploy(**spec: Any) -> dict[str, Any]:

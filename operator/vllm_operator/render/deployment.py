@@ -20,6 +20,7 @@ from vllm_operator.constants import (
 )
 from vllm_operator.models import InferenceService
 from vllm_operator.models.inference_service import EffectiveTuning, PlannedPod
+from vllm_operator.models.quantity import format_mebibytes, to_bytes
 from vllm_operator.render.meta import (
     SERVER_PORT,
     SERVER_PORT_NAME,
@@ -29,7 +30,6 @@ from vllm_operator.render.meta import (
     deployment_name,
     selector_labels,
 )
-from vllm_operator.render.quantity import format_mebibytes, to_bytes
 
 CONTAINER: Final = "vllm"
 MODEL_MOUNT: Final = "/models"

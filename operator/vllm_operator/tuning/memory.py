@@ -69,8 +69,9 @@ CPU_BLOCK_SIZE: Final = 128
 CUDA_CONTEXT_BYTES: Final = 512 * MIB
 # Also outside: what the startup profile does not see: allocator fragmentation, sampler
 # temporaries for top-k/top-p and logprobs at full batch, lazily grown NCCL buffers. The
-# figure is docs/field-notes.md's (4): --gpu-memory-utilization 0.9 OOMed on 24 GB cards with ~1.2 GB of
-# such overhead (see also vllm-project/vllm#7553 and #19186, OOM at high utilization).
+# figure is docs/field-notes.md's (4): --gpu-memory-utilization 0.9 OOMed on 24 GB cards
+# with ~1.2 GB of such overhead (see also vllm-project/vllm#7553 and #19186, OOM at high
+# utilization).
 RUNTIME_ALLOWANCE_BYTES: Final = int(1.2 * GIB)
 # Plus a share of the card for estimation error that grows with what is allocated.
 PROPORTIONAL_ALLOWANCE: Final = 0.01

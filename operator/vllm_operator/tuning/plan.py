@@ -48,6 +48,7 @@ from vllm_operator.models.inference_service import (
     Profile,
     TuningSpec,
 )
+from vllm_operator.models.quantity import to_bytes
 from vllm_operator.models.workload import SLO, Workload
 from vllm_operator.tuning import architecture as arch_mod
 from vllm_operator.tuning import catalog, quantization
@@ -302,26 +303,11 @@ def _quantity(num_bytes: int) -> str:
     return f"{math.ceil(num_bytes / 1024**2)}Mi"
 
 
-_QUANTITY_SUFFIX: Final = {
-    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
-    "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18, "": 1,
-}  # fmt: skip
-
-
 def parse_quantity(text: str) -> int | None:
-    """Bytes in a Kubernetes quantity ("2Gi", "512M", "1.5G"); None if not one we read.
-
-    Hand-written (binary and decimal SI suffixes only): the pure layer cannot import the
-    Kubernetes client, whose ``parse_quantity`` does the same.
-    """
-    for suffix in sorted(_QUANTITY_SUFFIX, key=len, reverse=True):
-        if suffix and text.endswith(suffix):
-            number = text[: -len(suffix)]
-            break
-    else:
-        suffix, number = "", text
+    """Bytes in a Kubernetes quantity ("2Gi", "512M", "1.5G"), rounded up; None if the
+    text is not one (admission's pattern is looser than the grammar)."""
     try:
-        return int(float(number) * _QUANTITY_SUFFIX[suffix])
+        return to_bytes(text)
     except ValueError:
         return None
 

@@ -1,6 +1,8 @@
-"""Kubernetes resource quantities ("64Gi", "1.5G", "500m") as exact numbers.
+"""Kubernetes resource quantities ("64Gi", "1.5G", "500m") as exact numbers: the one
+parser of the package (the renderer's resources, the tuner's memory and /dev/shm from the
+spec, the operator's settings).
 
-Hand-written (about twenty lines) because the render layer must not import a Kubernetes
+Hand-written (about twenty lines) because the pure layers must not import a Kubernetes
 client, which is where the usual parser lives.
 """
 
