@@ -10,7 +10,8 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
-from vllm_operator.k8s.api import ApiError, Manifest
+from vllm_operator.k8s.api import ApiError
+from vllm_operator.models.base import Manifest
 
 Key = tuple[str, str, str | None, str]  # apiVersion, kind, namespace, name
 

@@ -26,13 +26,13 @@ from e2e.vllm_fixtures import (  # noqa: F401  (fixtures of the vllm-marked test
 
 from vllm_operator.agent.manifests import agent_manifests
 from vllm_operator.cli import crd_files
+from vllm_operator.models.base import Manifest
 from vllm_operator.render.crds import all_crds
 from vllm_operator.settings import OperatorSettings
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "charts" / "vllm-operator"
 KUBE_VERSION = "1.36.3"  # e2e/cluster/versions.env
-Manifest = dict[str, Any]
 
 # Every optional part on, for "full values".
 FULL: dict[str, str] = {

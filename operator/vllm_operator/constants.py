@@ -39,6 +39,8 @@ WARMED_UP_CONDITION: Final = f"{GROUP}/warmed-up"
 
 # Labels on objects the operator creates.
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+# Its value on everything the operator creates.
+MANAGED_BY: Final = "vllm-operator"
 LABEL_NAME: Final = "app.kubernetes.io/name"
 LABEL_INSTANCE: Final = "app.kubernetes.io/instance"
 LABEL_COMPONENT: Final = "app.kubernetes.io/component"

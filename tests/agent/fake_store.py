@@ -12,7 +12,8 @@ import asyncio
 import copy
 from typing import Any
 
-from vllm_operator.agent.store import Manifest, StoreError
+from vllm_operator.agent.store import StoreError
+from vllm_operator.models.base import Manifest
 
 
 class RecordingStore:

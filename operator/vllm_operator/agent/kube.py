@@ -19,8 +19,9 @@ from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from vllm_operator.agent.logs import kv
-from vllm_operator.agent.store import Manifest, StoreError
+from vllm_operator.agent.store import StoreError
 from vllm_operator.constants import GROUP, KIND_GPU_NODE, PLURAL_GPU_NODE, VERSION
+from vllm_operator.models.base import Manifest
 
 log = logging.getLogger(__name__)
 

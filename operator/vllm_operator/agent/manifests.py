@@ -30,7 +30,7 @@ import argparse
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 import yaml
 
@@ -41,8 +41,7 @@ from vllm_operator.constants import (
     LABEL_NAME,
     PLURAL_GPU_NODE,
 )
-
-Manifest = dict[str, Any]
+from vllm_operator.models.base import Manifest
 
 NAME: Final = "vllm-operator-gpu-node-agent"
 NAMESPACE: Final = "vllm-operator-agent"

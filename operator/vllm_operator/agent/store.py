@@ -7,9 +7,9 @@ from the client also lets ``--print`` run where no Kubernetes client is installe
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
-Manifest = dict[str, Any]
+from vllm_operator.models.base import Manifest
 
 
 class StoreError(Exception):

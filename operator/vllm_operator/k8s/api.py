@@ -7,9 +7,9 @@ the cluster tests through the real one against a real apiserver.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
-Manifest = dict[str, Any]
+from vllm_operator.models.base import Manifest
 
 
 class ApiError(Exception):

@@ -18,9 +18,10 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from vllm_operator.constants import FIELD_MANAGER
-from vllm_operator.k8s.api import ApiError, Manifest
+from vllm_operator.k8s.api import ApiError
 from vllm_operator.k8s.resources import resource_for
 from vllm_operator.metrics import API_REQUESTS
+from vllm_operator.models.base import Manifest
 
 log = logging.getLogger(__name__)
 _OBJECT: Final = {200: "object", 201: "object"}

@@ -9,7 +9,7 @@ silently drop a typo).
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal, cast
+from typing import Annotated, Any, Literal, TypeAlias, cast
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 from pydantic.config import JsonDict
@@ -28,6 +28,9 @@ Quantity = Annotated[
         }
     ),
 ]
+
+# A Kubernetes object as the API serves it (apiVersion, kind, metadata, ...).
+Manifest: TypeAlias = dict[str, Any]
 
 # A DNS-1123 label / subdomain, as Kubernetes validates object names.
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"

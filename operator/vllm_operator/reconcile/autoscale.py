@@ -40,9 +40,10 @@ from vllm_operator.constants import (
     AUTOSCALER_FIELD_MANAGER,
     KIND_INFERENCE_SERVICE,
 )
-from vllm_operator.k8s.api import ApiError, ClusterAPI, Manifest, apply_status
+from vllm_operator.k8s.api import ApiError, ClusterAPI, apply_status
 from vllm_operator.metrics import AUTOSCALER_DECISIONS, AUTOSCALER_DESIRED, AUTOSCALER_SIGNAL
 from vllm_operator.models import InferenceService
+from vllm_operator.models.base import Manifest
 from vllm_operator.models.inference_service import AutoscalingStatus
 from vllm_operator.reconcile.benchmark import active_lock
 from vllm_operator.reconcile.conditions import pod_condition

@@ -29,9 +29,9 @@ from vllm_operator.constants import (
     LABEL_LOCK_TARGET,
     LABEL_SCALE_DOWN_LOCK,
 )
-from vllm_operator.k8s.api import ClusterAPI, Manifest, apply_status
+from vllm_operator.k8s.api import ClusterAPI, apply_status
 from vllm_operator.models import InferenceBenchmark, InferenceBenchmarkStatus, InferenceService
-from vllm_operator.models.base import Condition, ConfigMapKeyReference
+from vllm_operator.models.base import Condition, ConfigMapKeyReference, Manifest
 from vllm_operator.models.inference_service import BenchmarkSummary
 from vllm_operator.reconcile.conditions import condition
 from vllm_operator.reconcile.jobs import job_report, job_state

@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime
 
-from vllm_operator.k8s.api import Manifest
-from vllm_operator.models.base import Condition, ConditionStatus
+from vllm_operator.models.base import Condition, ConditionStatus, Manifest
 
 
 def condition(

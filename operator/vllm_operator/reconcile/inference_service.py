@@ -19,8 +19,9 @@ from vllm_operator.constants import (
     GPU_RESOURCE,
     KIND_GPU_NODE,
 )
-from vllm_operator.k8s.api import ApiError, ClusterAPI, Manifest, apply_status
+from vllm_operator.k8s.api import ApiError, ClusterAPI, apply_status
 from vllm_operator.models import InferenceService, InferenceServiceStatus
+from vllm_operator.models.base import Manifest
 from vllm_operator.models.inference_service import EffectiveTuning, WarmupStatus
 from vllm_operator.reconcile.benchmark import active_lock, last_benchmark
 from vllm_operator.reconcile.conditions import condition, find

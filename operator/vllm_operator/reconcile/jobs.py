@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from vllm_operator.k8s.api import ClusterAPI, Manifest
+from vllm_operator.k8s.api import ClusterAPI
+from vllm_operator.models.base import Manifest
 
 JobState = Literal["Running", "Succeeded", "Failed"]
 

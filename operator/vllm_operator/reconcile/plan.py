@@ -10,12 +10,12 @@ model's shape is unknown.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from pydantic import ValidationError
 
 from vllm_operator.constants import GPU_RESOURCE
 from vllm_operator.models import GPUNodeStatus, InferenceService, InferenceServiceSpec
+from vllm_operator.models.base import Manifest
 from vllm_operator.models.inference_service import EffectiveTuning, PlannedPod
 from vllm_operator.tuning import (
     DoesNotFit,
@@ -26,8 +26,6 @@ from vllm_operator.tuning import (
     plan_service,
     spec_only,
 )
-
-Manifest = dict[str, Any]
 
 
 @dataclass(frozen=True)

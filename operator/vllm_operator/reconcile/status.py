@@ -12,6 +12,7 @@ from typing import Any
 
 from vllm_operator.constants import WARMED_UP_CONDITION
 from vllm_operator.models import InferenceService, InferenceServiceStatus
+from vllm_operator.models.base import Manifest
 from vllm_operator.models.inference_service import (
     BenchmarkSummary,
     EffectiveTuning,
@@ -20,8 +21,6 @@ from vllm_operator.models.inference_service import (
 from vllm_operator.reconcile.conditions import condition, pod_condition
 from vllm_operator.render.meta import selector_string
 from vllm_operator.render.service import endpoint_url
-
-Manifest = dict[str, Any]
 
 
 @dataclass(frozen=True)

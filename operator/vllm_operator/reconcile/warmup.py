@@ -16,8 +16,9 @@ from datetime import datetime
 from typing import Any
 
 from vllm_operator.constants import LABEL_WARMUP_FOR, WARMED_UP_CONDITION
-from vllm_operator.k8s.api import ClusterAPI, Manifest
+from vllm_operator.k8s.api import ClusterAPI
 from vllm_operator.models import InferenceService
+from vllm_operator.models.base import Manifest
 from vllm_operator.models.inference_service import EffectiveTuning
 from vllm_operator.reconcile.jobs import job_report, job_state
 from vllm_operator.render.warmup import build_warmup_job, container_restarts, warmup_job_name

@@ -29,9 +29,11 @@ from vllm_operator.constants import (
     LABEL_MANAGED_BY,
     LABEL_NAME,
     LABEL_SCALE_DOWN_LOCK,
+    MANAGED_BY,
 )
 from vllm_operator.models import InferenceBenchmark
-from vllm_operator.render.meta import Manifest, restricted_security_context
+from vllm_operator.models.base import Manifest
+from vllm_operator.render.meta import restricted_security_context
 
 SPEC_MOUNT: Final = "/etc/vllm-operator/benchmark"
 # Not below SPEC_MOUNT: each input is a volume of its own.
@@ -66,7 +68,7 @@ def _labels(bench: InferenceBenchmark, component: str) -> dict[str, str]:
         LABEL_NAME: "vllm-benchmark",
         LABEL_INSTANCE: bench.metadata.name,
         LABEL_COMPONENT: component,
-        LABEL_MANAGED_BY: "vllm-operator",
+        LABEL_MANAGED_BY: MANAGED_BY,
         LABEL_BENCHMARK: bench.metadata.name,
     }
 

@@ -19,12 +19,12 @@ from vllm_operator.constants import (
     WARMED_UP_CONDITION,
 )
 from vllm_operator.models import InferenceService
+from vllm_operator.models.base import Manifest
 from vllm_operator.models.inference_service import EffectiveTuning, PlannedPod
 from vllm_operator.models.quantity import format_mebibytes, to_bytes
 from vllm_operator.render.meta import (
     SERVER_PORT,
     SERVER_PORT_NAME,
-    Manifest,
     child_metadata,
     common_labels,
     deployment_name,

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from vllm_operator.constants import API_VERSION, KIND_INFERENCE_SERVICE
 from vllm_operator.models import InferenceService
-from vllm_operator.render.meta import Manifest, child_metadata
+from vllm_operator.models.base import Manifest
+from vllm_operator.render.meta import child_metadata
 
 # The names prometheus-adapter's default rules give vLLM's gauges (':' becomes '_').
 DEFAULT_METRIC_NAMES = {

@@ -6,21 +6,20 @@ operator finds what it created instead of creating twins.
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Final
 
 from vllm_operator.constants import (
     API_VERSION,
-    FIELD_MANAGER,
     KIND_INFERENCE_SERVICE,
     LABEL_COMPONENT,
     LABEL_INSTANCE,
     LABEL_MANAGED_BY,
     LABEL_NAME,
     LABEL_SERVICE,
+    MANAGED_BY,
 )
 from vllm_operator.models import InferenceService
-
-Manifest = dict[str, Any]
+from vllm_operator.models.base import Manifest
 
 SERVER_PORT: Final = 8000
 SERVER_PORT_NAME: Final = "http"
@@ -53,7 +52,7 @@ def common_labels(isvc: InferenceService, component: str) -> dict[str, str]:
         LABEL_NAME: "vllm",
         LABEL_INSTANCE: isvc.metadata.name,
         LABEL_COMPONENT: component,
-        LABEL_MANAGED_BY: FIELD_MANAGER,
+        LABEL_MANAGED_BY: MANAGED_BY,
         **selector_labels(isvc),
     }
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from vllm_operator.models import InferenceService
-from vllm_operator.render.meta import Manifest, child_metadata, pdb_name, selector_labels
+from vllm_operator.models.base import Manifest
+from vllm_operator.render.meta import child_metadata, pdb_name, selector_labels
 
 
 def build_pdb(isvc: InferenceService) -> Manifest:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from vllm_operator.models import InferenceService
+from vllm_operator.models.base import Manifest
 from vllm_operator.render.meta import (
     SERVER_PORT,
     SERVER_PORT_NAME,
-    Manifest,
     child_metadata,
     selector_labels,
     service_name,

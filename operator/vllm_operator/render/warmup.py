@@ -17,12 +17,14 @@ from vllm_operator.constants import (
     LABEL_MANAGED_BY,
     LABEL_NAME,
     LABEL_WARMUP_FOR,
+    MANAGED_BY,
     PREFIX,
 )
 from vllm_operator.models import InferenceService
+from vllm_operator.models.base import Manifest
 from vllm_operator.models.inference_service import EffectiveTuning
 from vllm_operator.render.deployment import served_model_name
-from vllm_operator.render.meta import SERVER_PORT, Manifest, restricted_security_context
+from vllm_operator.render.meta import SERVER_PORT, restricted_security_context
 
 ANNOTATION_POD: Final = f"{PREFIX}/warmup-pod"
 ANNOTATION_RESTARTS: Final = f"{PREFIX}/warmup-restarts"
@@ -77,7 +79,7 @@ def build_warmup_job(
         LABEL_NAME: "vllm",
         LABEL_INSTANCE: isvc.metadata.name,
         LABEL_COMPONENT: COMPONENT,
-        LABEL_MANAGED_BY: "vllm-operator",
+        LABEL_MANAGED_BY: MANAGED_BY,
         LABEL_WARMUP_FOR: isvc.metadata.name,
     }
     container: dict[str, Any] = {
