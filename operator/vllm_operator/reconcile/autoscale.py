@@ -46,7 +46,7 @@ from vllm_operator.models import InferenceService
 from vllm_operator.models.base import Manifest
 from vllm_operator.models.inference_service import AutoscalingStatus
 from vllm_operator.reconcile.benchmark import active_lock
-from vllm_operator.reconcile.conditions import pod_condition
+from vllm_operator.reconcile.conditions import manifest_condition, pod_condition
 from vllm_operator.render.hpa import hpa_name
 from vllm_operator.render.meta import SERVER_PORT, selector_string
 
@@ -129,9 +129,7 @@ async def _hpa_view(api: ClusterAPI, isvc: InferenceService) -> AutoscalingStatu
     value = None
     for metric in status.get("currentMetrics") or []:
         value = (metric.get("pods") or {}).get("current", {}).get("averageValue") or value
-    active = next(
-        (c for c in status.get("conditions") or [] if c.get("type") == "ScalingActive"), None
-    )
+    active = manifest_condition(hpa or {}, "ScalingActive")
     return AutoscalingStatus(
         mode="HPA",
         metric=auto.metric,

@@ -1,9 +1,11 @@
-"""Conditions that keep their lastTransitionTime while their status does not change."""
+"""Conditions: ours, which keep their lastTransitionTime while their status does not
+change, and the lookup of a condition in any object's status (pods, Jobs, HPAs)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import datetime
+from typing import Any
 
 from vllm_operator.models.base import Condition, ConditionStatus, Manifest
 
@@ -37,9 +39,15 @@ def find(conditions: Iterable[Condition], type_: str) -> Condition | None:
     return next((c for c in conditions if c.type == type_), None)
 
 
+def manifest_condition(obj: Manifest, type_: str) -> dict[str, Any] | None:
+    """The condition ``type_`` in an object's ``status.conditions``, as served."""
+    for cond in (obj.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == type_:
+            found: dict[str, Any] = cond
+            return found
+    return None
+
+
 def pod_condition(pod: Manifest, type_: str) -> bool:
     """Whether a pod's condition ``type_`` (Ready, ContainersReady, a readiness gate) is True."""
-    return any(
-        c.get("type") == type_ and c.get("status") == "True"
-        for c in pod.get("status", {}).get("conditions", [])
-    )
+    return (manifest_condition(pod, type_) or {}).get("status") == "True"

@@ -20,6 +20,7 @@ from vllm_operator.k8s.api import ClusterAPI
 from vllm_operator.models import InferenceService
 from vllm_operator.models.base import Manifest
 from vllm_operator.models.inference_service import EffectiveTuning
+from vllm_operator.reconcile.conditions import manifest_condition
 from vllm_operator.reconcile.jobs import job_report, job_state
 from vllm_operator.render.warmup import build_warmup_job, container_restarts, warmup_job_name
 
@@ -34,20 +35,12 @@ class WarmupObservation:
     warm_ttft_ms: float | None = None
 
 
-def _condition(pod: Manifest, type_: str) -> dict[str, Any] | None:
-    for cond in pod.get("status", {}).get("conditions", []):
-        if cond.get("type") == type_:
-            found: dict[str, Any] = cond
-            return found
-    return None
-
-
 async def _set_gate(
     api: ClusterAPI, pod: Manifest, *, ok: bool, reason: str, message: str, now: datetime
 ) -> None:
     """Server-side apply of our one condition on the pod's status (a map keyed by type,
     so nothing else in the pod's status is touched)."""
-    old = _condition(pod, WARMED_UP_CONDITION)
+    old = manifest_condition(pod, WARMED_UP_CONDITION)
     status = "True" if ok else "False"
     if old and (old.get("status"), old.get("reason"), old.get("message")) == (
         status,
@@ -107,7 +100,7 @@ async def reconcile_warmups(
             continue
         restarts = container_restarts(pod)
         job_name = warmup_job_name(isvc, pod, restarts)
-        gate = _condition(pod, WARMED_UP_CONDITION)
+        gate = manifest_condition(pod, WARMED_UP_CONDITION)
         if gate and gate.get("status") == "True":
             if job_name in gate.get("message", ""):
                 seen.warmed += 1
@@ -120,7 +113,7 @@ async def reconcile_warmups(
                 message=f"The server restarted ({restarts} restarts); warming it up again.",
                 now=now,
             )
-        ready = _condition(pod, "ContainersReady")
+        ready = manifest_condition(pod, "ContainersReady")
         if not ready or ready.get("status") != "True":
             continue  # vLLM is not answering /health yet; warmup starts once it does
         job = jobs.get(job_name)
