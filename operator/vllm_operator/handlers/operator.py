@@ -1,20 +1,16 @@
-"""Kopf registration: watch events become keys on the work queue; nothing else happens here.
+"""Kopf registration: watch events go to the runtime (vllm_operator.runtime), which turns
+them into keys on its work queue; nothing else happens here.
 
 Every InferenceService event that changes more than the autoscaler's own status, every
 event of an object carrying the inference-service label (Deployment, Service,
-PodDisruptionBudget, Pod), and a periodic resync add the owning InferenceService's key;
-the queue runs the one reconcile for it.
+PodDisruptionBudget, Pod), warmup and benchmark Jobs, and a periodic resync add the owning
+object's key; the queue runs the one reconcile for it.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import hashlib
-import json
 import logging
 import os
-import random
 import socket
 from typing import TYPE_CHECKING, Any, cast
 
@@ -23,25 +19,16 @@ import kopf
 from prometheus_client import start_http_server
 
 from vllm_operator.constants import (
-    API_VERSION,
     GROUP,
-    KIND_INFERENCE_BENCHMARK,
-    KIND_INFERENCE_SERVICE,
     LABEL_BENCHMARK,
-    LABEL_LOCK_TARGET,
     LABEL_SERVICE,
     LABEL_WARMUP_FOR,
     PLURAL_INFERENCE_BENCHMARK,
     PLURAL_INFERENCE_SERVICE,
     VERSION,
 )
-from vllm_operator.k8s.api import ApiError
 from vllm_operator.k8s.client import KubeClient, load_config
-from vllm_operator.metrics import CONDITIONS, RECONCILE_SECONDS, RECONCILES
-from vllm_operator.reconcile.autoscale import autoscale_inference_service, http_scraper
-from vllm_operator.reconcile.benchmark import reconcile_inference_benchmark
-from vllm_operator.reconcile.inference_service import reconcile_inference_service
-from vllm_operator.reconcile.queue import WorkQueue
+from vllm_operator.runtime.dispatch import Runtime
 from vllm_operator.settings import OperatorSettings
 
 if TYPE_CHECKING:
@@ -49,14 +36,16 @@ if TYPE_CHECKING:
     from kopf._core.engines.peering import Identity
 
 log = logging.getLogger("vllm_operator")
-# (kind, namespace, name) of the object to reconcile.
-Key = tuple[str, str, str]
-ISVC, BENCH, SCALE = "isvc", "bench", "scale"
 
 
 def _settings(memo: Any) -> OperatorSettings:
     settings: OperatorSettings = memo.settings
     return settings
+
+
+def _runtime(memo: Any) -> Runtime:
+    runtime: Runtime = memo.runtime
+    return runtime
 
 
 @kopf.on.login()
@@ -79,123 +68,6 @@ async def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
     )
 
 
-async def _work(memo: Any, key: Key) -> float | None:
-    kind, namespace, name = key
-    if kind == BENCH:
-        return await _work_benchmark(memo, key)
-    if kind == SCALE:
-        return await _work_autoscale(memo, key)
-    api: KubeClient = memo.api
-    queue: WorkQueue[Key] = memo.queue
-    body = await api.get(API_VERSION, KIND_INFERENCE_SERVICE, name, namespace)
-    if body is None or body["metadata"].get("deletionTimestamp"):
-        queue.forget(key)  # children go with it through garbage collection
-        return None
-    with RECONCILE_SECONDS.labels(KIND_INFERENCE_SERVICE).time():
-        try:
-            outcome = await reconcile_inference_service(api, body, settings=_settings(memo))
-        except ApiError as err:
-            RECONCILES.labels(KIND_INFERENCE_SERVICE, "retry" if err.transient else "error").inc()
-            delay = queue.backoff(key)
-            log.warning(
-                "Reconcile of InferenceService failed; retrying.",
-                extra={"object": f"{namespace}/{name}", "error": str(err), "delay": delay},
-            )
-            return delay
-    RECONCILES.labels(KIND_INFERENCE_SERVICE, "stalled" if outcome.stalled else "ok").inc()
-    CONDITIONS.labels(KIND_INFERENCE_SERVICE, namespace, name, "Ready", "True").set(
-        1 if outcome.ready else 0
-    )
-    queue.forget(key)
-    return None
-
-
-async def _work_benchmark(memo: Any, key: Key) -> float | None:
-    _, namespace, name = key
-    api: KubeClient = memo.api
-    queue: WorkQueue[Key] = memo.queue
-    body = await api.get(API_VERSION, KIND_INFERENCE_BENCHMARK, name, namespace)
-    if body is None or body["metadata"].get("deletionTimestamp"):
-        queue.forget(key)
-        return None
-    with RECONCILE_SECONDS.labels(KIND_INFERENCE_BENCHMARK).time():
-        try:
-            phase = await reconcile_inference_benchmark(api, body, settings=_settings(memo))
-        except ApiError as err:
-            RECONCILES.labels(KIND_INFERENCE_BENCHMARK, "retry").inc()
-            log.warning(
-                "Reconcile of InferenceBenchmark failed; retrying.",
-                extra={"object": f"{namespace}/{name}", "error": str(err)},
-            )
-            return queue.backoff(key)
-    RECONCILES.labels(KIND_INFERENCE_BENCHMARK, "ok").inc()
-    queue.forget(key)
-    # A pending benchmark waits for its target to become Ready: look again soon.
-    return 5.0 if phase == "Pending" else None
-
-
-async def _work_autoscale(memo: Any, key: Key) -> float | None:
-    """One autoscaler reading; it schedules the next one itself while autoscaling is on."""
-    _, namespace, name = key
-    api: KubeClient = memo.api
-    queue: WorkQueue[Key] = memo.queue
-    body = await api.get(API_VERSION, KIND_INFERENCE_SERVICE, name, namespace)
-    if body is None or body["metadata"].get("deletionTimestamp"):
-        queue.forget(key)
-        memo.scaling.discard(key)
-        return None
-    try:
-        again = await autoscale_inference_service(
-            api, body, states=memo.scaler_states, scrape=http_scraper(memo.http)
-        )
-    except ApiError as err:
-        log.warning(
-            "Autoscaler reading failed; retrying.",
-            extra={"object": f"{namespace}/{name}", "error": str(err)},
-        )
-        return queue.backoff(key)
-    queue.forget(key)
-    if again is None:
-        memo.scaling.discard(key)
-    return again
-
-
-def _schedule_autoscaler(memo: Any, namespace: str, name: str) -> None:
-    """The first autoscaler reading, now, unless readings are scheduled already: each one
-    schedules the next, so events (the autoscaler's own status writes among them) and
-    resyncs add nothing more."""
-    scale = (SCALE, namespace, name)
-    if scale not in memo.scaling:
-        memo.scaling.add(scale)
-        memo.queue.add(scale)
-
-
-async def _resync(memo: Any) -> None:
-    """Every resync period, every InferenceService gets a reconcile (spread over the
-    period, so a thousand objects do not arrive at once)."""
-    settings = _settings(memo)
-    api: KubeClient = memo.api
-    while True:
-        await asyncio.sleep(settings.resync_seconds)
-        spaces: list[str | None] = list(settings.namespaces) or [None]
-        for ns in spaces:
-            try:
-                items = await api.list(API_VERSION, KIND_INFERENCE_SERVICE, ns)
-            except ApiError as err:
-                log.warning(
-                    "Listing InferenceServices for resync failed.", extra={"error": str(err)}
-                )
-                continue
-            for item in items:
-                meta = item["metadata"]
-                memo.queue.add(
-                    (ISVC, meta["namespace"], meta["name"]),
-                    random.uniform(0, settings.resync_seconds / 2),
-                )
-                if item.get("spec", {}).get("autoscaling", {}).get("enabled"):
-                    _schedule_autoscaler(memo, meta["namespace"], meta["name"])
-
-
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     ours = _settings(memo)
@@ -212,121 +84,58 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.watching.client_timeout = 330
     if ours.metrics_port:
         start_http_server(ours.metrics_port)
-    memo.api = KubeClient(await load_config(ours.kubeconfig))
-    memo.queue = WorkQueue[Key](max_delay=ours.max_retry_seconds)
-    memo.http = httpx.AsyncClient()
-    memo.scaler_states = {}
-    memo.scaling = set()  # keys whose autoscaler readings are scheduled
-    memo.seen = {}  # (namespace, name) → the service as its last event showed it
-    memo.tasks = [
-        asyncio.create_task(memo.queue.run(lambda k: _work(memo, k), ours.workers)),
-        asyncio.create_task(_resync(memo)),
-    ]
+    memo.kube = KubeClient(await load_config(ours.kubeconfig))
+    memo.runtime = Runtime(settings=ours, api=memo.kube, http=httpx.AsyncClient())
+    memo.runtime.start()
     log.info("Started the vllm-operator.", extra={"namespaces": ours.namespaces or "all"})
 
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    for task in getattr(memo, "tasks", []):
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-    if hasattr(memo, "api"):
-        await memo.api.close()
-    if hasattr(memo, "http"):
-        await memo.http.aclose()
-
-
-def reconcile_relevant(body: Any) -> str:
-    """A digest of the service as the reconcile sees it: everything but the fields that
-    change with every write (resourceVersion, managedFields) and the autoscaler's own
-    ``status.autoscaling``, which changes every period under load and which the reconcile
-    neither reads nor writes. Events that leave it unchanged need no reconcile."""
-    metadata = {
-        k: v for k, v in (body.get("metadata") or {}).items()
-        if k not in ("resourceVersion", "managedFields")
-    }  # fmt: skip
-    status = {k: v for k, v in (body.get("status") or {}).items() if k != "autoscaling"}
-    relevant = {**dict(body), "metadata": metadata, "status": status}
-    text = json.dumps(relevant, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()
+    if hasattr(memo, "runtime"):
+        await _runtime(memo).close()
+    if hasattr(memo, "kube"):
+        await memo.kube.close()
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL_INFERENCE_SERVICE)
-async def inference_service_event(
-    type: str | None,
-    body: kopf.Body,
-    name: str,
-    namespace: str | None,
-    spec: kopf.Spec,
-    status: kopf.Status,
-    memo: Any,
-    **_: Any,
-) -> None:
-    if not namespace:
-        return
-    seen: dict[tuple[str, str], str] = memo.seen
-    if type == "DELETED":
-        seen.pop((namespace, name), None)
-        memo.queue.add((ISVC, namespace, name))
-        return
-    digest = reconcile_relevant(body)
-    if seen.get((namespace, name)) != digest:
-        seen[(namespace, name)] = digest
-        memo.queue.add((ISVC, namespace, name))
-    # Autoscaling on, or its status to clear.
-    if (spec.get("autoscaling") or {}).get("enabled") or status.get("autoscaling"):
-        _schedule_autoscaler(memo, namespace, name)
-
-
-def _owner_event(body: kopf.Body, namespace: str | None, memo: Any) -> None:
-    owner = body.get("metadata", {}).get("labels", {}).get(LABEL_SERVICE)
-    if owner and namespace:
-        memo.queue.add((ISVC, namespace, owner))
+async def inference_service_event(type: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
+    _runtime(memo).on_inference_service(type, dict(body))
 
 
 @kopf.on.event("apps", "v1", "deployments", labels={LABEL_SERVICE: kopf.PRESENT})
-async def deployment_event(body: kopf.Body, namespace: str | None, memo: Any, **_: Any) -> None:
-    _owner_event(body, namespace, memo)
+async def deployment_event(body: kopf.Body, memo: Any, **_: Any) -> None:
+    _runtime(memo).on_labelled(dict(body))
 
 
 @kopf.on.event("", "v1", "services", labels={LABEL_SERVICE: kopf.PRESENT})
-async def service_event(body: kopf.Body, namespace: str | None, memo: Any, **_: Any) -> None:
-    _owner_event(body, namespace, memo)
+async def service_event(body: kopf.Body, memo: Any, **_: Any) -> None:
+    _runtime(memo).on_labelled(dict(body))
 
 
 @kopf.on.event("policy", "v1", "poddisruptionbudgets", labels={LABEL_SERVICE: kopf.PRESENT})
-async def pdb_event(body: kopf.Body, namespace: str | None, memo: Any, **_: Any) -> None:
-    _owner_event(body, namespace, memo)
+async def pdb_event(body: kopf.Body, memo: Any, **_: Any) -> None:
+    _runtime(memo).on_labelled(dict(body))
+
+
+@kopf.on.event("", "v1", "pods", labels={LABEL_SERVICE: kopf.PRESENT})
+async def pod_event(body: kopf.Body, memo: Any, **_: Any) -> None:
+    _runtime(memo).on_labelled(dict(body))
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={LABEL_WARMUP_FOR: kopf.PRESENT})
-async def warmup_job_event(body: kopf.Body, namespace: str | None, memo: Any, **_: Any) -> None:
-    owner = body.get("metadata", {}).get("labels", {}).get(LABEL_WARMUP_FOR)
-    if owner and namespace:
-        memo.queue.add((ISVC, namespace, owner))
+async def warmup_job_event(body: kopf.Body, memo: Any, **_: Any) -> None:
+    _runtime(memo).on_labelled(dict(body))
+
+
+@kopf.on.event("batch", "v1", "jobs", labels={LABEL_BENCHMARK: kopf.PRESENT})
+async def benchmark_job_event(body: kopf.Body, memo: Any, **_: Any) -> None:
+    _runtime(memo).on_labelled(dict(body))
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL_INFERENCE_BENCHMARK)
 async def inference_benchmark_event(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
-    if namespace:
-        memo.queue.add((BENCH, namespace, name))
-
-
-@kopf.on.event("batch", "v1", "jobs", labels={LABEL_BENCHMARK: kopf.PRESENT})
-async def benchmark_job_event(body: kopf.Body, namespace: str | None, memo: Any, **_: Any) -> None:
-    labels = body.get("metadata", {}).get("labels", {})
-    owner, target = labels.get(LABEL_BENCHMARK), labels.get(LABEL_LOCK_TARGET)
-    if owner and namespace:
-        memo.queue.add((BENCH, namespace, owner))
-    if target and namespace:
-        # The lock coming or going changes what its InferenceService may do.
-        memo.queue.add((ISVC, namespace, target))
-
-
-@kopf.on.event("", "v1", "pods", labels={LABEL_SERVICE: kopf.PRESENT})
-async def pod_event(body: kopf.Body, namespace: str | None, memo: Any, **_: Any) -> None:
-    _owner_event(body, namespace, memo)
+    _runtime(memo).on_inference_benchmark(namespace, name)
 
 
 def operator_identity() -> Identity:

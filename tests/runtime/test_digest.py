@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from vllm_operator.handlers.operator import reconcile_relevant
+from vllm_operator.runtime.dispatch import reconcile_relevant
 
 
 def service() -> dict[str, Any]:

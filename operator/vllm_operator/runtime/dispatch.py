@@ -1,0 +1,267 @@
+"""What runs on the work queue, and what puts keys on it.
+
+A key is ``(kind, namespace, name)``: ``isvc`` reconciles an InferenceService, ``bench``
+an InferenceBenchmark, ``scale`` takes one autoscaler reading of an InferenceService. The
+watch events (through vllm_operator.handlers) and the periodic resync only add keys;
+``Runtime.work`` runs the one reconcile for a key and says when to come back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Final
+
+import httpx
+
+from vllm_operator.autoscale.decide import ScalerState
+from vllm_operator.constants import (
+    API_VERSION,
+    KIND_INFERENCE_BENCHMARK,
+    KIND_INFERENCE_SERVICE,
+    LABEL_BENCHMARK,
+    LABEL_LOCK_TARGET,
+    LABEL_SERVICE,
+    LABEL_WARMUP_FOR,
+)
+from vllm_operator.k8s.api import ApiError, ClusterAPI
+from vllm_operator.metrics import CONDITIONS, RECONCILE_SECONDS, RECONCILES
+from vllm_operator.models.base import Manifest
+from vllm_operator.reconcile.autoscale import autoscale_inference_service, http_scraper
+from vllm_operator.reconcile.benchmark import reconcile_inference_benchmark
+from vllm_operator.reconcile.inference_service import Outcome, reconcile_inference_service
+from vllm_operator.runtime.queue import WorkQueue
+from vllm_operator.settings import OperatorSettings
+
+log = logging.getLogger("vllm_operator")
+
+# (kind, namespace, name) of the object to reconcile.
+Key = tuple[str, str, str]
+ISVC: Final = "isvc"
+BENCH: Final = "bench"
+SCALE: Final = "scale"
+# A benchmark waiting for its target or dataset is looked at again this soon.
+PENDING_BENCHMARK_SECONDS: Final = 5.0
+
+ServiceReconcile = Callable[..., Awaitable[Outcome]]
+BenchmarkReconcile = Callable[..., Awaitable[str]]
+Autoscale = Callable[..., Awaitable[float | None]]
+
+
+def reconcile_relevant(body: Manifest) -> str:
+    """A digest of the service as the reconcile sees it: everything but the fields that
+    change with every write (resourceVersion, managedFields) and the autoscaler's own
+    ``status.autoscaling``, which changes every period under load and which the reconcile
+    neither reads nor writes. Events that leave it unchanged need no reconcile."""
+    metadata = {
+        k: v for k, v in (body.get("metadata") or {}).items()
+        if k not in ("resourceVersion", "managedFields")
+    }  # fmt: skip
+    status = {k: v for k, v in (body.get("status") or {}).items() if k != "autoscaling"}
+    relevant = {**dict(body), "metadata": metadata, "status": status}
+    text = json.dumps(relevant, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass
+class Runtime:
+    """Everything the operator holds while it runs (Kopf's memo carries only this)."""
+
+    settings: OperatorSettings
+    api: ClusterAPI
+    http: httpx.AsyncClient
+    queue: WorkQueue[Key] = field(init=False)
+    # The reconciles a key's turn runs (the tests give their own).
+    reconcile_service: ServiceReconcile = reconcile_inference_service
+    reconcile_benchmark: BenchmarkReconcile = reconcile_inference_benchmark
+    autoscale: Autoscale = autoscale_inference_service
+    # The autoscaler's memory of each service between readings.
+    scaler_states: dict[str, ScalerState] = field(default_factory=dict)
+    # Keys whose autoscaler readings are scheduled (each reading schedules the next).
+    scaling: set[Key] = field(default_factory=set)
+    # (namespace, name) → the digest of the service as its last event showed it.
+    seen: dict[tuple[str, str], str] = field(default_factory=dict)
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.queue = WorkQueue[Key](max_delay=self.settings.max_retry_seconds)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """The queue's workers and the resync loop, as tasks of the running loop."""
+        self.tasks = [
+            asyncio.create_task(self.queue.run(self.work, self.settings.workers)),
+            asyncio.create_task(self.resync_forever()),
+        ]
+
+    async def close(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self.tasks = []
+        await self.http.aclose()
+
+    # ------------------------------------------------------------------ a key's turn
+
+    async def work(self, key: Key) -> float | None:
+        """One reconcile for ``key``; the delay after which to run it again, or None."""
+        kind = key[0]
+        if kind == BENCH:
+            return await self._work_benchmark(key)
+        if kind == SCALE:
+            return await self._work_autoscale(key)
+        return await self._work_service(key)
+
+    async def _current(self, kind: str, key: Key) -> Manifest | None:
+        """The object of ``key``, or None (and its back-off forgotten) once it is gone or
+        going: its children go with it through garbage collection."""
+        _, namespace, name = key
+        body = await self.api.get(API_VERSION, kind, name, namespace)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            self.queue.forget(key)
+            return None
+        return body
+
+    async def _work_service(self, key: Key) -> float | None:
+        _, namespace, name = key
+        body = await self._current(KIND_INFERENCE_SERVICE, key)
+        if body is None:
+            return None
+        with RECONCILE_SECONDS.labels(KIND_INFERENCE_SERVICE).time():
+            try:
+                outcome = await self.reconcile_service(self.api, body, settings=self.settings)
+            except ApiError as err:
+                result = "retry" if err.transient else "error"
+                RECONCILES.labels(KIND_INFERENCE_SERVICE, result).inc()
+                delay = self.queue.backoff(key)
+                log.warning(
+                    "Reconcile of InferenceService failed; retrying.",
+                    extra={"object": f"{namespace}/{name}", "error": str(err), "delay": delay},
+                )
+                return delay
+        RECONCILES.labels(KIND_INFERENCE_SERVICE, "stalled" if outcome.stalled else "ok").inc()
+        CONDITIONS.labels(KIND_INFERENCE_SERVICE, namespace, name, "Ready", "True").set(
+            1 if outcome.ready else 0
+        )
+        self.queue.forget(key)
+        return None
+
+    async def _work_benchmark(self, key: Key) -> float | None:
+        _, namespace, name = key
+        body = await self._current(KIND_INFERENCE_BENCHMARK, key)
+        if body is None:
+            return None
+        with RECONCILE_SECONDS.labels(KIND_INFERENCE_BENCHMARK).time():
+            try:
+                phase = await self.reconcile_benchmark(self.api, body, settings=self.settings)
+            except ApiError as err:
+                RECONCILES.labels(KIND_INFERENCE_BENCHMARK, "retry").inc()
+                log.warning(
+                    "Reconcile of InferenceBenchmark failed; retrying.",
+                    extra={"object": f"{namespace}/{name}", "error": str(err)},
+                )
+                return self.queue.backoff(key)
+        RECONCILES.labels(KIND_INFERENCE_BENCHMARK, "ok").inc()
+        self.queue.forget(key)
+        return PENDING_BENCHMARK_SECONDS if phase == "Pending" else None
+
+    async def _work_autoscale(self, key: Key) -> float | None:
+        """One autoscaler reading; it schedules the next one itself while autoscaling is on."""
+        _, namespace, name = key
+        body = await self._current(KIND_INFERENCE_SERVICE, key)
+        if body is None:
+            self.scaling.discard(key)
+            return None
+        try:
+            again = await self.autoscale(
+                self.api, body, states=self.scaler_states, scrape=http_scraper(self.http)
+            )
+        except ApiError as err:
+            log.warning(
+                "Autoscaler reading failed; retrying.",
+                extra={"object": f"{namespace}/{name}", "error": str(err)},
+            )
+            return self.queue.backoff(key)
+        self.queue.forget(key)
+        if again is None:
+            self.scaling.discard(key)
+        return again
+
+    # ------------------------------------------------------------------ what adds keys
+
+    def schedule_autoscaler(self, namespace: str, name: str) -> None:
+        """The first autoscaler reading, now, unless readings are scheduled already: each
+        one schedules the next, so events (the autoscaler's own status writes among them)
+        and resyncs add nothing more."""
+        scale = (SCALE, namespace, name)
+        if scale not in self.scaling:
+            self.scaling.add(scale)
+            self.queue.add(scale)
+
+    async def resync_once(self) -> None:
+        """Every InferenceService gets a reconcile, spread over half the resync period (a
+        thousand objects do not arrive at once); those autoscaling get their readings."""
+        spread = self.settings.resync_seconds / 2
+        spaces: list[str | None] = list(self.settings.namespaces) or [None]
+        for ns in spaces:
+            try:
+                items = await self.api.list(API_VERSION, KIND_INFERENCE_SERVICE, ns)
+            except ApiError as err:
+                log.warning(
+                    "Listing InferenceServices for resync failed.", extra={"error": str(err)}
+                )
+                continue
+            for item in items:
+                meta = item["metadata"]
+                self.queue.add((ISVC, meta["namespace"], meta["name"]), random.uniform(0, spread))
+                if item.get("spec", {}).get("autoscaling", {}).get("enabled"):
+                    self.schedule_autoscaler(meta["namespace"], meta["name"])
+
+    async def resync_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.resync_seconds)
+            await self.resync_once()
+
+    def on_inference_service(self, event: str | None, body: Manifest) -> None:
+        meta = body.get("metadata") or {}
+        namespace, name = meta.get("namespace"), meta.get("name")
+        if not namespace or not name:
+            return
+        if event == "DELETED":
+            self.seen.pop((namespace, name), None)
+            self.queue.add((ISVC, namespace, name))
+            return
+        digest = reconcile_relevant(body)
+        if self.seen.get((namespace, name)) != digest:
+            self.seen[(namespace, name)] = digest
+            self.queue.add((ISVC, namespace, name))
+        # Autoscaling on, or its status to clear.
+        spec, status = body.get("spec") or {}, body.get("status") or {}
+        if (spec.get("autoscaling") or {}).get("enabled") or status.get("autoscaling"):
+            self.schedule_autoscaler(namespace, name)
+
+    def on_labelled(self, body: Manifest) -> None:
+        """An event of an object that names its InferenceService by label (the children,
+        their pods, warmup Jobs) or its InferenceBenchmark (load Jobs: the lock they are
+        changes what their target may do, so the target is reconciled too)."""
+        meta = body.get("metadata") or {}
+        namespace, labels = meta.get("namespace"), meta.get("labels") or {}
+        if not namespace:
+            return
+        for label in (LABEL_SERVICE, LABEL_WARMUP_FOR, LABEL_LOCK_TARGET):
+            if owner := labels.get(label):
+                self.queue.add((ISVC, namespace, owner))
+        if bench := labels.get(LABEL_BENCHMARK):
+            self.queue.add((BENCH, namespace, bench))
+
+    def on_inference_benchmark(self, namespace: str | None, name: str) -> None:
+        if namespace:
+            self.queue.add((BENCH, namespace, name))

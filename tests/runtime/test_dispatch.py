@@ -1,0 +1,198 @@
+"""The runtime's dispatch: which reconcile a key runs, what a gone object, a failure or a
+pending benchmark make of the key, and which events and resyncs add which keys. The
+reconciles are stand-ins that record their calls (the reconciles themselves are tested in
+tests/reconcile); the cluster is the recording fake of the ``k8s`` layer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.fakes import RecordingCluster
+from vllm_operator.constants import (
+    API_VERSION,
+    KIND_INFERENCE_BENCHMARK,
+    KIND_INFERENCE_SERVICE,
+    LABEL_BENCHMARK,
+    LABEL_LOCK_TARGET,
+    LABEL_SERVICE,
+    LABEL_WARMUP_FOR,
+)
+from vllm_operator.k8s.api import ApiError
+from vllm_operator.models.base import Manifest
+from vllm_operator.reconcile.inference_service import Outcome
+from vllm_operator.runtime.dispatch import BENCH, ISVC, PENDING_BENCHMARK_SECONDS, SCALE, Runtime
+from vllm_operator.settings import OperatorSettings
+
+
+def _obj(kind: str, name: str = "chat", ns: str = "team", **extra: Any) -> Manifest:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": kind,
+        "metadata": {"name": name, "namespace": ns, **extra.pop("metadata", {})},
+        **extra,
+    }
+
+
+class Calls:
+    def __init__(self) -> None:
+        self.made: list[tuple[str, str]] = []
+        self.fail: ApiError | None = None
+        self.phase = "Running"
+        self.again: float | None = 2.0
+
+    async def service(self, api: Any, body: Manifest, *, settings: Any) -> Outcome:
+        self.made.append(("service", body["metadata"]["name"]))
+        if self.fail:
+            raise self.fail
+        return Outcome(ready=True, stalled=False)
+
+    async def benchmark(self, api: Any, body: Manifest, *, settings: Any) -> str:
+        self.made.append(("benchmark", body["metadata"]["name"]))
+        if self.fail:
+            raise self.fail
+        return self.phase
+
+    async def autoscale(self, api: Any, body: Manifest, **_: Any) -> float | None:
+        self.made.append(("autoscale", body["metadata"]["name"]))
+        return self.again
+
+
+@pytest.fixture
+def calls() -> Calls:
+    return Calls()
+
+
+@pytest.fixture
+async def runtime(calls: Calls) -> Runtime:
+    return Runtime(
+        settings=OperatorSettings(max_retry_seconds=60),
+        api=RecordingCluster(),
+        http=httpx.AsyncClient(),
+        reconcile_service=calls.service,
+        reconcile_benchmark=calls.benchmark,
+        autoscale=calls.autoscale,
+    )
+
+
+def _cluster(runtime: Runtime) -> RecordingCluster:
+    assert isinstance(runtime.api, RecordingCluster)
+    return runtime.api
+
+
+def _due(runtime: Runtime) -> set[tuple[str, str, str]]:
+    return set(runtime.queue._due)
+
+
+async def test_each_kind_of_key_runs_its_own_reconcile(runtime: Runtime, calls: Calls) -> None:
+    _cluster(runtime).put(_obj(KIND_INFERENCE_SERVICE))
+    _cluster(runtime).put(_obj(KIND_INFERENCE_BENCHMARK, "load"))
+    assert await runtime.work((ISVC, "team", "chat")) is None
+    assert await runtime.work((BENCH, "team", "load")) is None
+    assert await runtime.work((SCALE, "team", "chat")) == 2.0
+    assert calls.made == [("service", "chat"), ("benchmark", "load"), ("autoscale", "chat")]
+
+
+async def test_a_gone_or_going_object_is_dropped_and_its_back_off_forgotten(
+    runtime: Runtime, calls: Calls
+) -> None:
+    key = (ISVC, "team", "chat")
+    runtime.queue.backoff(key)
+    assert await runtime.work(key) is None  # not there at all
+    _cluster(runtime).put(_obj(KIND_INFERENCE_SERVICE, metadata={"deletionTimestamp": "now"}))
+    assert await runtime.work(key) is None
+    assert calls.made == []
+    assert runtime.queue.backoff(key) == 1.0, "forgotten"
+    scale = (SCALE, "team", "chat")
+    runtime.scaling.add(scale)
+    assert await runtime.work(scale) is None
+    assert scale not in runtime.scaling, "its readings end with it"
+
+
+async def test_an_api_error_comes_back_with_growing_back_off(
+    runtime: Runtime, calls: Calls
+) -> None:
+    _cluster(runtime).put(_obj(KIND_INFERENCE_SERVICE))
+    calls.fail = ApiError(503, "ServiceUnavailable", "etcd is down")
+    key = (ISVC, "team", "chat")
+    assert [await runtime.work(key) for _ in range(3)] == [1.0, 2.0, 4.0]
+    calls.fail = None
+    assert await runtime.work(key) is None
+    assert runtime.queue.backoff(key) == 1.0, "a success forgets the failures"
+
+
+async def test_a_pending_benchmark_is_looked_at_again_soon(runtime: Runtime, calls: Calls) -> None:
+    _cluster(runtime).put(_obj(KIND_INFERENCE_BENCHMARK, "load"))
+    calls.phase = "Pending"
+    assert await runtime.work((BENCH, "team", "load")) == PENDING_BENCHMARK_SECONDS
+    calls.phase = "Succeeded"
+    assert await runtime.work((BENCH, "team", "load")) is None
+
+
+async def test_an_autoscaler_that_is_done_stops_its_readings(
+    runtime: Runtime, calls: Calls
+) -> None:
+    _cluster(runtime).put(_obj(KIND_INFERENCE_SERVICE))
+    runtime.schedule_autoscaler("team", "chat")
+    runtime.schedule_autoscaler("team", "chat")
+    assert _due(runtime) == {(SCALE, "team", "chat")}, "scheduled once"
+    calls.again = None
+    assert await runtime.work((SCALE, "team", "chat")) is None
+    assert (SCALE, "team", "chat") not in runtime.scaling
+
+
+async def test_service_events_add_its_key_when_what_the_reconcile_reads_changed(
+    runtime: Runtime,
+) -> None:
+    body = _obj(KIND_INFERENCE_SERVICE, spec={"replicas": 1}, status={})
+    runtime.on_inference_service("ADDED", body)
+    runtime.queue._due.clear()
+    runtime.on_inference_service("MODIFIED", body | {"status": {"autoscaling": {"v": 1}}})
+    assert (ISVC, "team", "chat") not in _due(runtime), "the autoscaler's own write"
+    # ... which still schedules the autoscaler (its status to clear).
+    assert (SCALE, "team", "chat") in _due(runtime)
+    runtime.on_inference_service("MODIFIED", body | {"spec": {"replicas": 2}})
+    assert (ISVC, "team", "chat") in _due(runtime)
+    runtime.queue._due.clear()
+    runtime.on_inference_service("DELETED", body)
+    assert _due(runtime) == {(ISVC, "team", "chat")}
+    assert ("team", "chat") not in runtime.seen
+
+
+@pytest.mark.parametrize(
+    ("labels", "keys"),
+    [
+        ({LABEL_SERVICE: "chat"}, {(ISVC, "team", "chat")}),
+        ({LABEL_WARMUP_FOR: "chat"}, {(ISVC, "team", "chat")}),
+        ({LABEL_BENCHMARK: "load"}, {(BENCH, "team", "load")}),
+        (
+            {LABEL_BENCHMARK: "load", LABEL_LOCK_TARGET: "chat"},
+            {(BENCH, "team", "load"), (ISVC, "team", "chat")},
+        ),
+        ({"app": "other"}, set()),
+    ],
+    ids=["child or pod", "warmup Job", "load Job", "load Job holding a lock", "unrelated"],
+)
+def test_labelled_objects_add_their_owners_keys(
+    runtime: Runtime, labels: dict[str, str], keys: set[tuple[str, str, str]]
+) -> None:
+    runtime.on_labelled(_obj("Job", "x", metadata={"labels": labels}))
+    assert _due(runtime) == keys
+
+
+async def test_a_resync_adds_every_service_and_schedules_the_autoscaling_ones(
+    runtime: Runtime,
+) -> None:
+    cluster = _cluster(runtime)
+    cluster.put(_obj(KIND_INFERENCE_SERVICE, "a"))
+    cluster.put(_obj(KIND_INFERENCE_SERVICE, "b", spec={"autoscaling": {"enabled": True}}))
+    await runtime.resync_once()
+    assert _due(runtime) == {(ISVC, "team", "a"), (ISVC, "team", "b"), (SCALE, "team", "b")}
+
+
+async def test_a_failed_resync_list_is_logged_and_skipped(runtime: Runtime) -> None:
+    _cluster(runtime).fail[("list", KIND_INFERENCE_SERVICE)] = ApiError(500, "Internal", "x")
+    await runtime.resync_once()
+    assert _due(runtime) == set()
