@@ -8,8 +8,9 @@ in status with a reason for each value.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
-from typing import Annotated, Literal, Self
+from typing import Annotated, Literal, Protocol, Self
 
 from pydantic import ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
@@ -556,12 +557,34 @@ ArgumentSource = Literal["Tuner", "Override", "Spec", "Default"]
 
 
 class EffectiveArgument(ApiModel):
-    """One vLLM argument as it is passed, and why."""
+    """One vLLM argument (or environment variable) as it is passed, and why."""
 
-    name: str = Field(description="Argument name without dashes.")
+    name: str = Field(description="Argument name without dashes, or the variable's name.")
     value: str = Field(description="Value passed ('true' for a bare flag).")
     source: ArgumentSource = Field(description="Who decided it: Tuner, Override, Spec, Default.")
     reason: str = Field(description="Why this value.")
+
+
+class NamedValue(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def value(self) -> str: ...
+
+
+def command_flags(arguments: Iterable[NamedValue]) -> list[str]:
+    """vLLM's command-line flags for ``arguments``: ``true`` a bare ``--name``, ``false``
+    ``--no-name``, anything else ``--name value``. The one place flags are spelled: the
+    tuner's ``vllm serve`` line and the rendered container's both come from here."""
+    flags: list[str] = []
+    for arg in arguments:
+        if arg.value == "true":
+            flags.append(f"--{arg.name}")
+        elif arg.value == "false":
+            flags.append(f"--no-{arg.name}")
+        else:
+            flags += [f"--{arg.name}", arg.value]
+    return flags
 
 
 class Predictions(ApiModel):
@@ -607,6 +630,12 @@ class EffectiveTuning(ApiModel):
     tensor_parallel_size: int | None = Field(default=None, description="Tensor parallelism.")
     arguments: list[EffectiveArgument] = Field(
         default_factory=list, description="Every vLLM argument with its value and reason."
+    )
+    environment: list[EffectiveArgument] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Environment variables the plan sets on the vLLM container, with reasons "
+        "(spec.podTemplate.env overrides them).",
     )
     pod: PlannedPod | None = Field(default=None, description="Pod settings per replica.")
     predictions: Predictions | None = Field(default=None, description="Predicted capacity.")

@@ -110,7 +110,7 @@ async def find_problems(
                 f"does not exist in namespace {ns}.",
             )
         )
-    need = gpus_per_replica(isvc, tuning)
+    need = gpus_per_replica(tuning)
     if check_gpus and need > 0:
         candidates = [n for n in nodes if _node_matches(n, isvc, tuning)]
         if not any(_gpus(n) >= need for n in candidates):

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from vllm_operator.constants import GPU_RESOURCE
 from vllm_operator.models import GPUNodeStatus, InferenceService, InferenceServiceSpec
 from vllm_operator.models.base import Manifest
-from vllm_operator.models.inference_service import EffectiveTuning, PlannedPod
+from vllm_operator.models.inference_service import EffectiveTuning
 from vllm_operator.tuning import (
     DoesNotFit,
     GPUProfile,
@@ -71,25 +71,6 @@ def gpu_profiles(nodes: list[Manifest], gpu_nodes: list[Manifest]) -> list[GPUPr
     return [p for p in profiles if p is not None]
 
 
-def _spec_pod(isvc: InferenceService) -> PlannedPod:
-    node = isvc.spec.node
-    return PlannedPod(
-        shm_size=None if node.shm_size == "auto" else node.shm_size,
-        cpus=node.cpus,
-        memory=node.memory,
-        cpu_pinning=node.cpu_pinning,
-    )
-
-
-def _unplanned(isvc: InferenceService, result: SpecOnly) -> EffectiveTuning:
-    tuning = result.effective_tuning()
-    tuning.pod = _spec_pod(isvc)
-    if tuning.gpus_per_replica is None:
-        count = isvc.spec.gpu.count
-        tuning.gpus_per_replica = count if isinstance(count, int) else 1
-    return tuning
-
-
 def _planning_spec(isvc: InferenceService) -> InferenceServiceSpec:
     """The spec the tuner plans with: the replica count pinned to one that does not move
     with scaling (autoscaling's minimum, else 1), because the per-pod arguments must not
@@ -109,7 +90,7 @@ def plan_inference_service(
     if isinstance(result, Plan):
         return PlanOutcome(result.effective_tuning())
     if isinstance(result, SpecOnly):
-        return PlanOutcome(_unplanned(isvc, result))
+        return PlanOutcome(result.effective_tuning())
     # Nothing fits: show what the spec alone says, and the verdict as the reason.
-    fallback = _unplanned(isvc, spec_only(isvc.spec, result.message))
+    fallback = spec_only(isvc.spec, result.message).effective_tuning()
     return PlanOutcome(fallback, does_not_fit=result)

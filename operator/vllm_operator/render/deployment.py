@@ -20,7 +20,7 @@ from vllm_operator.constants import (
 )
 from vllm_operator.models import InferenceService
 from vllm_operator.models.base import Manifest
-from vllm_operator.models.inference_service import EffectiveTuning, PlannedPod
+from vllm_operator.models.inference_service import EffectiveTuning, PlannedPod, command_flags
 from vllm_operator.models.quantity import format_mebibytes, to_bytes
 from vllm_operator.render.meta import (
     SERVER_PORT,
@@ -64,11 +64,10 @@ def model_reference(isvc: InferenceService) -> str:
     return source.image.path
 
 
-def gpus_per_replica(isvc: InferenceService, tuning: EffectiveTuning) -> int:
-    if tuning.gpus_per_replica is not None:
-        return tuning.gpus_per_replica
-    count = isvc.spec.gpu.count
-    return count if isinstance(count, int) else 1
+def gpus_per_replica(tuning: EffectiveTuning) -> int:
+    """GPUs of each replica: the plan's (the planner fills it in, Tuner and SpecOnly
+    alike; 1 only for a tuning written before it did)."""
+    return tuning.gpus_per_replica if tuning.gpus_per_replica is not None else 1
 
 
 def vllm_args(isvc: InferenceService, tuning: EffectiveTuning) -> list[str]:
@@ -85,17 +84,14 @@ def vllm_args(isvc: InferenceService, tuning: EffectiveTuning) -> list[str]:
     hf = isvc.spec.model.source.hugging_face
     if hf is not None:
         args += ["--revision", hf.revision]
-    for arg in tuning.arguments:
-        if arg.value == "true":
-            args.append(f"--{arg.name}")
-        elif arg.value == "false":
-            args.append(f"--no-{arg.name}")
-        else:
-            args += [f"--{arg.name}", arg.value]
-    return args
+    return args + command_flags(tuning.arguments)
 
 
-def _env(isvc: InferenceService, pod: PlannedPod, cpus: int) -> list[Manifest]:
+def _env(
+    isvc: InferenceService, tuning: EffectiveTuning, pod: PlannedPod, cpus: int
+) -> list[Manifest]:
+    """The operator's variables, then the plan's (NCCL_P2P_DISABLE where peer-to-peer
+    hangs, ...), then the user's spec.podTemplate.env, each later one winning a name."""
     env: list[Manifest] = [
         {"name": "VLLM_CACHE_ROOT", "value": f"{CACHE_MOUNT}/vllm"},
         {"name": "HF_HOME", "value": f"{CACHE_MOUNT}/huggingface"},
@@ -118,9 +114,15 @@ def _env(isvc: InferenceService, pod: PlannedPod, cpus: int) -> list[Manifest]:
         for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_RS_NUM_CPUS"):
             env.append({"name": name, "value": str(cpus)})
         env.append({"name": "TOKENIZERS_PARALLELISM", "value": "true"})
+    planned = [{"name": e.name, "value": e.value} for e in tuning.environment]
     user = [e.to_wire() for e in isvc.spec.pod_template.env]
+    later = {e["name"] for e in planned} | {e["name"] for e in user}
     user_names = {e["name"] for e in user}
-    return [e for e in env if e["name"] not in user_names] + user
+    return (
+        [e for e in env if e["name"] not in later]
+        + [e for e in planned if e["name"] not in user_names]
+        + user
+    )
 
 
 def _resources(pod: PlannedPod, gpus: int, cpus: int) -> Manifest:
@@ -211,7 +213,7 @@ def build_deployment(
     reconcile decided (the spec's, held up while a benchmark runs).
     """
     pod = tuning.pod or PlannedPod()
-    gpus = gpus_per_replica(isvc, tuning)
+    gpus = gpus_per_replica(tuning)
     cpus = pod.cpus or isvc.spec.node.cpus or DEFAULT_CPUS
     startup = pod.startup_seconds or DEFAULT_STARTUP_SECONDS
     overlay = isvc.spec.pod_template
@@ -223,7 +225,7 @@ def build_deployment(
         "command": ["vllm", "serve"],
         "args": [*vllm_args(isvc, tuning), "--shutdown-timeout", str(DRAIN_SECONDS)],
         "ports": [{"name": SERVER_PORT_NAME, "containerPort": SERVER_PORT, "protocol": "TCP"}],
-        "env": _env(isvc, pod, cpus),
+        "env": _env(isvc, tuning, pod, cpus),
         "resources": _resources(pod, gpus, cpus),
         "volumeMounts": mounts,
         "startupProbe": _probe(

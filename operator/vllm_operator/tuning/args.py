@@ -25,7 +25,11 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
-from vllm_operator.models.inference_service import ArgumentSource, EffectiveArgument
+from vllm_operator.models.inference_service import (
+    ArgumentSource,
+    EffectiveArgument,
+    command_flags,
+)
 
 __all__ = [
     "Pins",
@@ -195,12 +199,4 @@ def apply_overrides(proposed: Sequence[Setting], overrides: Mapping[str, str]) -
 
 def command_args(arguments: Iterable[Setting | EffectiveArgument]) -> list[str]:
     """vLLM command-line arguments for ``arguments`` (see the module docstring)."""
-    args: list[str] = []
-    for arg in arguments:
-        if arg.value == "true":
-            args.append(f"--{arg.name}")
-        elif arg.value == "false":
-            args.append(f"--no-{arg.name}")
-        else:
-            args += [f"--{arg.name}", arg.value]
-    return args
+    return command_flags(arguments)

@@ -225,7 +225,6 @@ class Plan:
     def effective_tuning(self) -> EffectiveTuning:
         """The plan as the InferenceService status shows it."""
         pod_notes = [f"pod {s.name}={s.value}: {s.reason}" for s in self.pod.reasons]
-        env_notes = [f"env {s.name}={s.value}: {s.reason}" for s in self.environment]
         prediction_notes = [
             f"predicted {s.name} {s.value}: {s.reason}" for s in self.prediction_reasons
         ]
@@ -234,9 +233,10 @@ class Plan:
             gpus_per_replica=self.gpus_per_replica,
             tensor_parallel_size=self.tensor_parallel_size,
             arguments=[a.to_effective() for a in self.arguments],
+            environment=[s.to_effective() for s in self.environment],
             pod=self.pod.to_planned_pod(),
             predictions=self.predictions,
-            notes=[*self.notes, *env_notes, *pod_notes, *prediction_notes],
+            notes=[*self.notes, *pod_notes, *prediction_notes],
         )
 
 
@@ -276,6 +276,10 @@ class SpecOnly:
     reason: Literal["ArchitectureUnknown"]
     message: str
     arguments: tuple[Setting, ...]
+    # What the spec alone says of each replica: its GPUs (spec.gpu.count, 1 when "auto")
+    # and its pod (spec.node).
+    gpus: int = 1
+    pod: PlannedPod = dataclasses.field(default_factory=PlannedPod)
     kind: Literal["SpecOnly"] = "SpecOnly"
 
     def effective_tuning(self) -> EffectiveTuning:
@@ -283,9 +287,10 @@ class SpecOnly:
         tp_value = int(tp.value) if tp and tp.value.isdigit() else None
         return EffectiveTuning(
             planned_by="SpecOnly",
-            gpus_per_replica=tp_value,
+            gpus_per_replica=tp_value if tp_value is not None else self.gpus,
             tensor_parallel_size=tp_value,
             arguments=[a.to_effective() for a in self.arguments],
+            pod=self.pod,
             notes=[self.message],
         )
 
@@ -1434,8 +1439,19 @@ def spec_only(spec: InferenceServiceSpec, message: str) -> SpecOnly:
             q.method, q.method.lower()
         )
         proposed.append(Setting("quantization", method, "Spec", "spec.model.quantization"))
+    node = spec.node
+    pod = PlannedPod(
+        shm_size=None if node.shm_size == "auto" else node.shm_size,
+        cpus=node.cpus,
+        memory=node.memory,
+        cpu_pinning=node.cpu_pinning,
+    )
     return SpecOnly(
-        "ArchitectureUnknown", message, tuple(apply_overrides(proposed, spec.tuning.overrides))
+        "ArchitectureUnknown",
+        message,
+        tuple(apply_overrides(proposed, spec.tuning.overrides)),
+        gpus=spec.gpu.count if isinstance(spec.gpu.count, int) else 1,
+        pod=pod,
     )
 
 
