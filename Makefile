@@ -76,13 +76,16 @@ format: venv ## Format the code with ruff.
 	$(BIN)/ruff format operator tests e2e
 	$(BIN)/ruff check --fix operator tests e2e
 
+.PHONY: generate
+generate: venv ## Regenerate every generated file (CRDs and the chart's copy, docs/reference.md, Argo CD's patch).
+	$(PY) scripts/generate.py
+
 .PHONY: crds
-crds: venv ## Regenerate crds/ from the API models.
-	$(BIN)/vllm-operator crds --out crds
+crds: generate ## Regenerate crds/ (and everything else generated) from the API models.
 
 .PHONY: verify
-verify: lint ## Lint, and check that every generated file is current.
-	$(BIN)/vllm-operator crds --check --out crds
+verify: lint ## Lint, and check that every generated file is current (scripts/generate.py --check).
+	$(PY) scripts/generate.py --check
 
 .PHONY: cluster-up
 cluster-up: setup ## Start the local cluster: control plane, kwok's fake nodes and one real node.
@@ -98,11 +101,8 @@ dev: setup ## Local cluster + CRDs + the operator's chart (a pod) + the sample I
 	$(PY) -m e2e.dev up
 
 .PHONY: chart
-chart: venv ## Copy the generated CRDs into the Helm chart, then lint it.
-	$(BIN)/vllm-operator crds --out charts/vllm-operator/files/crds
+chart: generate ## Regenerate the chart's copy of the CRDs (with everything else), then lint the chart.
 	"$$(bash e2e/cluster/build.sh)/helm" lint --strict charts/vllm-operator --kube-version 1.36.3
 
 .PHONY: docs
-docs: venv ## Regenerate docs/reference.md and deploy/argocd/argocd-cm-patch.yaml.
-	$(PY) -m vllm_operator.render.reference
-	$(PY) deploy/argocd/render_cm.py
+docs: generate ## Regenerate docs/reference.md and deploy/argocd/argocd-cm-patch.yaml (with everything else).

@@ -1,0 +1,111 @@
+"""Every generated file of the repo, from one table: write them, or check that they are
+current (`make verify` runs the check; CI runs `make verify` through the tests).
+
+    python scripts/generate.py           # write every generated file
+    python scripts/generate.py --check   # exit 1 naming each stale, missing or extra file
+
+The files: the CRDs in crds/ and their copy in the Helm chart (from the pydantic models),
+docs/reference.md (from the CRDs), and Argo CD's argocd-cm patch (from the Lua health
+checks in deploy/argocd/health/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _crds() -> dict[str, str]:
+    from vllm_operator.cli import crd_files
+
+    return crd_files()
+
+
+def _reference() -> dict[str, str]:
+    from vllm_operator.render.reference import render_reference
+
+    return {"reference.md": render_reference()}
+
+
+def _argocd() -> dict[str, str]:
+    spec = importlib.util.spec_from_file_location("render_cm", REPO / "deploy/argocd/render_cm.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    text: str = module.render()
+    return {"argocd-cm-patch.yaml": text}
+
+
+# (folder, glob of what it holds that is generated, renderer of {file name: text}). A
+# folder whose glob is set owns every file it matches: one the renderer no longer makes
+# is stale too.
+TARGETS: tuple[tuple[str, str | None, Callable[[], dict[str, str]]], ...] = (
+    ("crds", "*.yaml", _crds),
+    ("charts/vllm-operator/files/crds", "*.yaml", _crds),
+    ("docs", None, _reference),
+    ("deploy/argocd", None, _argocd),
+)
+
+
+def stale(repo: Path = REPO) -> list[str]:
+    """Paths (relative to ``repo``) that differ from what their renderer makes now."""
+    found: list[str] = []
+    for folder, owned, render in TARGETS:
+        files = render()
+        for name, text in files.items():
+            path = repo / folder / name
+            if not path.is_file() or path.read_text() != text:
+                found.append(f"{folder}/{name}")
+        if owned:
+            found += [
+                f"{folder}/{p.name}"
+                for p in sorted((repo / folder).glob(owned))
+                if p.name not in files
+            ]
+    return found
+
+
+def write(repo: Path = REPO) -> list[str]:
+    written: list[str] = []
+    for folder, owned, render in TARGETS:
+        files = render()
+        out = repo / folder
+        out.mkdir(parents=True, exist_ok=True)
+        if owned:
+            for extra in out.glob(owned):
+                if extra.name not in files:
+                    extra.unlink()
+        for name, text in files.items():
+            path = out / name
+            if not path.is_file() or path.read_text() != text:
+                path.write_text(text)
+                written.append(f"{folder}/{name}")
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python scripts/generate.py", description=__doc__)
+    parser.add_argument("--check", action="store_true", help="exit 1 if a file is stale")
+    parser.add_argument("--repo", type=Path, default=REPO, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.check:
+        found = stale(args.repo)
+        for path in found:
+            print(f"stale: {path}")
+        if found:
+            print("run: python scripts/generate.py (or make generate)")
+            return 1
+        print("every generated file is current")
+        return 0
+    for path in write(args.repo):
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
