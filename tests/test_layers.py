@@ -1,4 +1,4 @@
-"""The import layers of STYLE.md hold (import-linter contracts in pyproject.toml)."""
+"""The import layers and contracts hold (import-linter, in pyproject.toml)."""
 
 from __future__ import annotations
 

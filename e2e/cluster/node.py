@@ -6,11 +6,10 @@ probes, readiness gates, /dev/shm, preStop and the drain, Services and DNS. Thos
 on a real kubelet (v1.36, from the Go module proxy like the control plane) with
 containerd 2.x and Debian's runc, from images built on this machine (images.py).
 
-The recipe, and why each odd setting is there, is in the shared REAL-NODE.md notes; in
-short: root here lacks CAP_SYS_RESOURCE (containerd `restrict_oom_score_adj`, kubelet
-`oomScoreAdj: 0`), cgroups are v1 (kubelet `failCgroupV1: false`, cgroupfs driver), there
-is no dummy netdev (the node IP is a /32 on `lo`) and no IPVS (kube-proxy in iptables
-mode).
+Why each odd setting is there is said where it is set below; in short: root here lacks
+CAP_SYS_RESOURCE (containerd `restrict_oom_score_adj`, kubelet `oomScoreAdj: 0`), cgroups
+are v1 (kubelet `failCgroupV1: false`, cgroupfs driver), there is no dummy netdev (the node
+IP is a /32 on `lo`) and no IPVS (kube-proxy in iptables mode).
 
 Network: everything lives in 198.18.0.0/15, the range reserved for test networks, with
 an `unreachable` route for the whole range as a safety net. The node IP is 198.18.0.1;

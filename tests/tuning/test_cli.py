@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from vllm_operator.tuning.cli import main
+from vllm_operator.tune_cli import main
 
 LLAMA_CONFIG: dict[str, Any] = {
     "model_type": "llama",
@@ -241,7 +241,7 @@ def test_bad_input_exits_2_with_a_message(
 
 _OFFLINE = """
 import sys
-from vllm_operator.tuning.cli import main
+from vllm_operator.tune_cli import main
 code = main(["Llama-3.1-8B", "--gpu", "A10", "-o", "json"])
 loaded = sorted(m for m in ("httpx", "kubernetes_asyncio", "kopf", "urllib.request", "http.client")
                 if m in sys.modules)

@@ -20,7 +20,7 @@ from vllm_operator.tuning.memory import (
 from vllm_operator.tuning.quantization import UNQUANTIZED, WeightFormat
 from vllm_operator.tuning.workload import length_stats
 
-# docs/ENVIRONMENT.md's tiny model: 2 layers, 4 heads of 64, 2 KV heads.
+# scripts/make_tiny_model.py's tiny model: 2 layers, 4 heads of 64, 2 KV heads.
 TINY = Architecture(
     num_layers=2,
     hidden_size=256,
@@ -45,7 +45,7 @@ def test_kv_bytes_per_token_is_two_times_layers_kv_heads_head_size_and_dtype() -
 
 def test_the_environment_docs_example_one_gib_holds_a_million_tokens() -> None:
     # "CPU KV cache size: 1,048,576 tokens, Maximum concurrency for 1,024 tokens per
-    # request: 1024.00x" (docs/ENVIRONMENT.md).
+    # request: 1024.00x" (what vLLM 0.32's CPU build logs for that model with 1 GiB).
     capacity = kv_cache_capacity(GIB, TINY, kv_dtype_bytes=2, block_size=128, max_model_len=1024)
     assert capacity.tokens == 1_048_576
     assert capacity.max_concurrency == 1024.0

@@ -5,8 +5,8 @@ A pure library (no Kubernetes, no I/O, no clock): the reconcile calls
 profiles, and gets back a :class:`Plan` (turn it into status with
 :meth:`Plan.effective_tuning`), a :class:`DoesNotFit` verdict (set ``Stalled`` with its
 ``reason`` and ``message``; never deploy), or :class:`SpecOnly` when the model's shape is
-unknown. ``vllm-operator tune`` (:mod:`vllm_operator.tuning.cli`) runs the same planner
-offline.
+unknown. ``vllm-operator tune`` (:mod:`vllm_operator.tune_cli`, outside the pure package)
+runs the same planner offline.
 
 Modules: :mod:`.architecture` (model shapes from config.json or the spec),
 :mod:`.catalog` (well-known models, offline), :mod:`.quantization` (weight formats and

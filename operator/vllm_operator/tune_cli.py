@@ -492,7 +492,7 @@ def run_from_args(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point for tests and ``python -m vllm_operator.tuning.cli``."""
+    """Entry point for tests and ``python -m vllm_operator.tune_cli``."""
     parser = configure(
         argparse.ArgumentParser(
             prog="vllm-operator tune",
