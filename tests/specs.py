@@ -106,6 +106,6 @@ NODES: list[dict[str, Any]] = [
 
 def plan_for(svc: InferenceService) -> Any:
     """The tuning the reconcile would put in force on NODES."""
-    from vllm_operator.reconcile.plan import plan_inference_service
+    from vllm_operator.reconcile.placement import plan_inference_service
 
     return plan_inference_service(svc, NODES, []).tuning

@@ -9,7 +9,7 @@ from __future__ import annotations
 from tests.specs import isvc
 from tests.tuning.helpers import gpus
 from vllm_operator.models.inference_service import EffectiveArgument, EffectiveTuning
-from vllm_operator.reconcile.plan import plan_inference_service
+from vllm_operator.reconcile.placement import plan_inference_service
 from vllm_operator.render.deployment import DRAIN_SECONDS, build_deployment, vllm_args
 from vllm_operator.tuning import plan_service
 from vllm_operator.tuning.plan import Plan

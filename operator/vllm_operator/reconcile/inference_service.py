@@ -16,7 +16,6 @@ from pydantic import ValidationError
 
 from vllm_operator.constants import (
     API_VERSION,
-    GPU_RESOURCE,
     KIND_GPU_NODE,
 )
 from vllm_operator.k8s.api import ApiError, ClusterAPI, apply_status
@@ -25,7 +24,11 @@ from vllm_operator.models.base import Manifest
 from vllm_operator.models.inference_service import EffectiveTuning, WarmupStatus
 from vllm_operator.reconcile.benchmark import active_lock, last_benchmark
 from vllm_operator.reconcile.conditions import condition, find
-from vllm_operator.reconcile.plan import plan_inference_service
+from vllm_operator.reconcile.placement import (
+    allocatable_gpus,
+    fits_placement,
+    plan_inference_service,
+)
 from vllm_operator.reconcile.status import Observed, Problem, compute_status
 from vllm_operator.reconcile.warmup import reconcile_warmups
 from vllm_operator.render.deployment import build_deployment, gpus_per_replica
@@ -44,30 +47,6 @@ class Outcome:
 
     ready: bool
     stalled: bool
-
-
-def _node_matches(node: Manifest, isvc: InferenceService, tuning: EffectiveTuning) -> bool:
-    labels: dict[str, str] = node["metadata"].get("labels", {})
-    for key, value in isvc.spec.pod_template.node_selector.items():
-        if labels.get(key) != value:
-            return False
-    products = isvc.spec.gpu.products
-    if products and labels.get("nvidia.com/gpu.product") not in products:
-        return False
-    pod = tuning.pod
-    if pod is not None and pod.interconnect is not None:
-        wanted = pod.interconnect.lower()
-        if labels.get("inference.vllm-operator.dev/gpu-interconnect") != wanted:
-            return False
-    return not node.get("spec", {}).get("unschedulable", False)
-
-
-def _gpus(node: Manifest) -> int:
-    value = node.get("status", {}).get("allocatable", {}).get(GPU_RESOURCE, "0")
-    try:
-        return int(value)
-    except ValueError:
-        return 0
 
 
 async def find_problems(
@@ -112,9 +91,9 @@ async def find_problems(
         )
     need = gpus_per_replica(tuning)
     if check_gpus and need > 0:
-        candidates = [n for n in nodes if _node_matches(n, isvc, tuning)]
-        if not any(_gpus(n) >= need for n in candidates):
-            most = max((_gpus(n) for n in candidates), default=0)
+        candidates = [n for n in nodes if fits_placement(isvc, n, tuning)]
+        if not any(allocatable_gpus(n) >= need for n in candidates):
+            most = max((allocatable_gpus(n) for n in candidates), default=0)
             where = (
                 f" among nodes with products {', '.join(isvc.spec.gpu.products)}"
                 if isvc.spec.gpu.products

@@ -1,4 +1,6 @@
-"""The plan for an InferenceService: the tuner over the GPU profiles of candidate nodes.
+"""Placement and plan of an InferenceService: which nodes its pods may land on (one set
+of node rules for the tuner and the reconcile's GPU check), and the tuner over the GPU
+profiles of those nodes.
 
 Profiles come from each node's GPUNode status (what the node agent read through NVML)
 when there is one, else from the node's labels (GPU Feature Discovery plus ours). The
@@ -13,7 +15,11 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from vllm_operator.constants import GPU_RESOURCE
+from vllm_operator.constants import (
+    GPU_RESOURCE,
+    NODE_LABEL_GPU_INTERCONNECT,
+    NODE_LABEL_GPU_PRODUCT,
+)
 from vllm_operator.models import GPUNodeStatus, InferenceService, InferenceServiceSpec
 from vllm_operator.models.base import Manifest
 from vllm_operator.models.inference_service import EffectiveTuning
@@ -35,21 +41,40 @@ class PlanOutcome:
     does_not_fit: DoesNotFit | None = None
 
 
-def _allocatable_gpus(node: Manifest) -> int:
+def allocatable_gpus(node: Manifest) -> int:
+    """The node's allocatable GPUs (0 when it advertises none, or nonsense)."""
     value = node.get("status", {}).get("allocatable", {}).get(GPU_RESOURCE, "0")
-    return int(value) if str(value).isdigit() else 0
+    try:
+        return max(0, int(value))
+    except (TypeError, ValueError):
+        return 0
+
+
+def selectable(isvc: InferenceService, node: Manifest) -> bool:
+    """Schedulable, and allowed by the pod template's node selector."""
+    labels: dict[str, str] = node["metadata"].get("labels", {})
+    return not node.get("spec", {}).get("unschedulable", False) and all(
+        labels.get(k) == v for k, v in isvc.spec.pod_template.node_selector.items()
+    )
+
+
+def fits_placement(isvc: InferenceService, node: Manifest, tuning: EffectiveTuning) -> bool:
+    """A node the rendered pods may land on: selectable, of an allowed GPU product, and of
+    the interconnect class the plan requires."""
+    labels: dict[str, str] = node["metadata"].get("labels", {})
+    products = isvc.spec.gpu.products
+    if products and labels.get(NODE_LABEL_GPU_PRODUCT) not in products:
+        return False
+    pod = tuning.pod
+    wanted = pod.interconnect.lower() if pod is not None and pod.interconnect else None
+    if wanted is not None and labels.get(NODE_LABEL_GPU_INTERCONNECT) != wanted:
+        return False
+    return selectable(isvc, node)
 
 
 def candidate_nodes(isvc: InferenceService, nodes: list[Manifest]) -> list[Manifest]:
-    """Schedulable GPU nodes that the pod template's node selector allows."""
-    wanted = isvc.spec.pod_template.node_selector
-    return [
-        n
-        for n in nodes
-        if not n.get("spec", {}).get("unschedulable", False)
-        and _allocatable_gpus(n) > 0
-        and all(n["metadata"].get("labels", {}).get(k) == v for k, v in wanted.items())
-    ]
+    """Selectable nodes with GPUs: what the tuner plans over."""
+    return [n for n in nodes if selectable(isvc, n) and allocatable_gpus(n) > 0]
 
 
 def gpu_profiles(nodes: list[Manifest], gpu_nodes: list[Manifest]) -> list[GPUProfile]:
