@@ -165,6 +165,8 @@ NEEDED = [
     ("get", "secrets", "default"),
     ("patch", "inferenceservices/status", "default"),
     ("list", "nodes", ""),
+    ("watch", "nodes", ""),  # the operator's node cache (runtime/cache.py)
+    ("watch", "gpunodes", ""),
     ("watch", "customresourcedefinitions", ""),
     ("create", "events", "default"),
     ("create", "serviceaccounts", "default"),

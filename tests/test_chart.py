@@ -282,8 +282,8 @@ UPCOMING_RULES = [
     (("inference.vllm-operator.dev",), ("inferencebenchmarks/status",), ("patch",)),
 ]
 CLUSTER_RULES = [
-    (("",), ("nodes",), ("list",)),
-    (("inference.vllm-operator.dev",), ("gpunodes",), ("list",)),
+    (("",), ("nodes",), ("list", "watch")),
+    (("inference.vllm-operator.dev",), ("gpunodes",), ("list", "watch")),
     (("apiextensions.k8s.io",), ("customresourcedefinitions",), ("list", "watch")),
 ]
 

@@ -43,7 +43,9 @@ class Calls:
         self.phase = "Running"
         self.again: float | None = 2.0
 
-    async def service(self, api: Any, body: Manifest, *, settings: Any) -> Outcome:
+    async def service(
+        self, api: Any, body: Manifest, *, settings: Any, view: Any = None
+    ) -> Outcome:
         self.made.append(("service", body["metadata"]["name"]))
         if self.fail:
             raise self.fail
@@ -196,3 +198,32 @@ async def test_a_failed_resync_list_is_logged_and_skipped(runtime: Runtime) -> N
     _cluster(runtime).fail[("list", KIND_INFERENCE_SERVICE)] = ApiError(500, "Internal", "x")
     await runtime.resync_once()
     assert _due(runtime) == set()
+
+
+async def test_service_reconciles_read_nodes_from_the_cache_once_it_is_filled(
+    runtime: Runtime, calls: Calls
+) -> None:
+    seen: list[object] = []
+
+    async def service(api: Any, body: Manifest, *, settings: Any, view: Any) -> Outcome:
+        seen.append(view)
+        return Outcome(ready=True, stalled=False)
+
+    runtime.reconcile_service = service
+    cluster = _cluster(runtime)
+    cluster.put(_obj(KIND_INFERENCE_SERVICE))
+    cluster.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-1"}})
+    await runtime.work((ISVC, "team", "chat"))
+    assert seen == [None], "no cache yet: the reconcile lists for itself"
+    await runtime.refresh_nodes()
+    cluster.calls.clear()
+    await runtime.work((ISVC, "team", "chat"))
+    view = seen[-1]
+    assert [n["metadata"]["name"] for n in view.nodes] == ["gpu-1"]  # type: ignore[attr-defined]
+    assert view.gpu_nodes == []  # type: ignore[attr-defined]
+    assert not [c for c in cluster.calls if c[0] == "list"], "no LIST in the pass"
+    # Watch events keep it current between resyncs.
+    runtime.nodes.on_event("ADDED", {"metadata": {"name": "gpu-2"}})
+    runtime.nodes.on_event("DELETED", {"metadata": {"name": "gpu-1"}})
+    await runtime.work((ISVC, "team", "chat"))
+    assert [n["metadata"]["name"] for n in seen[-1].nodes] == ["gpu-2"]  # type: ignore[attr-defined]

@@ -23,6 +23,7 @@ from vllm_operator.constants import (
     LABEL_BENCHMARK,
     LABEL_SERVICE,
     LABEL_WARMUP_FOR,
+    PLURAL_GPU_NODE,
     PLURAL_INFERENCE_BENCHMARK,
     PLURAL_INFERENCE_SERVICE,
     VERSION,
@@ -131,6 +132,16 @@ async def warmup_job_event(body: kopf.Body, memo: Any, **_: Any) -> None:
 @kopf.on.event("batch", "v1", "jobs", labels={LABEL_BENCHMARK: kopf.PRESENT})
 async def benchmark_job_event(body: kopf.Body, memo: Any, **_: Any) -> None:
     _runtime(memo).on_labelled(dict(body))
+
+
+@kopf.on.event("", "v1", "nodes")
+async def node_event(type: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
+    _runtime(memo).nodes.on_event(type, dict(body))
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL_GPU_NODE)
+async def gpu_node_event(type: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
+    _runtime(memo).gpu_nodes.on_event(type, dict(body))
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL_INFERENCE_BENCHMARK)

@@ -199,12 +199,26 @@ async def _events(
         )
 
 
+@dataclass(frozen=True)
+class NodeView:
+    """The cluster's Nodes and GPUNodes as one reconcile pass reads them (the runtime's
+    watch-fed caches; listed afresh when a caller has none)."""
+
+    nodes: list[Manifest]
+    gpu_nodes: list[Manifest]
+
+
+async def list_nodes(api: ClusterAPI) -> NodeView:
+    return NodeView(await api.list("v1", "Node"), await api.list(API_VERSION, KIND_GPU_NODE))
+
+
 async def reconcile_inference_service(
     api: ClusterAPI,
     body: Manifest,
     *,
     settings: OperatorSettings,
     now: datetime | None = None,
+    view: NodeView | None = None,
 ) -> Outcome:
     """Bring one InferenceService's children and status to what its spec asks for."""
     now = (now or datetime.now(UTC)).replace(microsecond=0)
@@ -214,9 +228,9 @@ async def reconcile_inference_service(
         await _invalid(api, body, err, now)
         return Outcome(ready=False, stalled=True)
     ns = isvc.metadata.namespace
-    nodes = await api.list("v1", "Node")
-    gpu_nodes = await api.list(API_VERSION, KIND_GPU_NODE)
-    planned = plan_inference_service(isvc, nodes, gpu_nodes)
+    view = view or await list_nodes(api)
+    nodes = view.nodes
+    planned = plan_inference_service(isvc, nodes, view.gpu_nodes)
     tuning = planned.tuning
     problems = await find_problems(
         api, isvc, tuning, nodes, check_gpus=planned.does_not_fit is None

@@ -23,6 +23,7 @@ import httpx
 from vllm_operator.autoscale.decide import ScalerState
 from vllm_operator.constants import (
     API_VERSION,
+    KIND_GPU_NODE,
     KIND_INFERENCE_BENCHMARK,
     KIND_INFERENCE_SERVICE,
     LABEL_BENCHMARK,
@@ -35,7 +36,12 @@ from vllm_operator.metrics import CONDITIONS, RECONCILE_SECONDS, RECONCILES
 from vllm_operator.models.base import Manifest
 from vllm_operator.reconcile.autoscale import autoscale_inference_service, http_scraper
 from vllm_operator.reconcile.benchmark import reconcile_inference_benchmark
-from vllm_operator.reconcile.inference_service import Outcome, reconcile_inference_service
+from vllm_operator.reconcile.inference_service import (
+    NodeView,
+    Outcome,
+    reconcile_inference_service,
+)
+from vllm_operator.runtime.cache import ObjectCache
 from vllm_operator.runtime.queue import WorkQueue
 from vllm_operator.settings import OperatorSettings
 
@@ -88,11 +94,33 @@ class Runtime:
     # (namespace, name) → the digest of the service as its last event showed it.
     seen: dict[tuple[str, str], str] = field(default_factory=dict)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    # Nodes and GPUNodes, fed by watch events and relisted every resync (runtime/cache.py).
+    nodes: ObjectCache = field(default_factory=ObjectCache)
+    gpu_nodes: ObjectCache = field(default_factory=ObjectCache)
 
     def __post_init__(self) -> None:
         self.queue = WorkQueue[Key](max_delay=self.settings.max_retry_seconds)
 
     # ------------------------------------------------------------------ lifecycle
+
+    async def refresh_nodes(self) -> None:
+        """One LIST of Nodes and of GPUNodes into the caches; a failed one keeps the
+        cache as it was (and its watch events keep coming)."""
+        for cache, api_version, kind in (
+            (self.nodes, "v1", "Node"),
+            (self.gpu_nodes, API_VERSION, KIND_GPU_NODE),
+        ):
+            try:
+                cache.replace_all(await self.api.list(api_version, kind))
+            except ApiError as err:
+                log.warning(f"Listing {kind}s failed.", extra={"error": str(err)})
+
+    def node_view(self) -> NodeView | None:
+        """The caches as a reconcile reads them; None until both were listed once (the
+        reconcile then lists them itself rather than plan on an empty cluster)."""
+        if not (self.nodes.ready and self.gpu_nodes.ready):
+            return None
+        return NodeView(self.nodes.items(), self.gpu_nodes.items())
 
     def start(self) -> None:
         """The queue's workers and the resync loop, as tasks of the running loop."""
@@ -137,7 +165,9 @@ class Runtime:
             return None
         with RECONCILE_SECONDS.labels(KIND_INFERENCE_SERVICE).time():
             try:
-                outcome = await self.reconcile_service(self.api, body, settings=self.settings)
+                outcome = await self.reconcile_service(
+                    self.api, body, settings=self.settings, view=self.node_view()
+                )
             except ApiError as err:
                 result = "retry" if err.transient else "error"
                 RECONCILES.labels(KIND_INFERENCE_SERVICE, result).inc()
@@ -226,8 +256,10 @@ class Runtime:
                     self.schedule_autoscaler(meta["namespace"], meta["name"])
 
     async def resync_forever(self) -> None:
+        await self.refresh_nodes()
         while True:
             await asyncio.sleep(self.settings.resync_seconds)
+            await self.refresh_nodes()
             await self.resync_once()
 
     def on_inference_service(self, event: str | None, body: Manifest) -> None:
