@@ -104,33 +104,14 @@ async def inference_service_event(type: str | None, body: kopf.Body, memo: Any, 
     _runtime(memo).on_inference_service(type, dict(body))
 
 
+# The children, their pods, warmup Jobs and benchmark load Jobs name their owner by label.
 @kopf.on.event("apps", "v1", "deployments", labels={LABEL_SERVICE: kopf.PRESENT})
-async def deployment_event(body: kopf.Body, memo: Any, **_: Any) -> None:
-    _runtime(memo).on_labelled(dict(body))
-
-
 @kopf.on.event("", "v1", "services", labels={LABEL_SERVICE: kopf.PRESENT})
-async def service_event(body: kopf.Body, memo: Any, **_: Any) -> None:
-    _runtime(memo).on_labelled(dict(body))
-
-
 @kopf.on.event("policy", "v1", "poddisruptionbudgets", labels={LABEL_SERVICE: kopf.PRESENT})
-async def pdb_event(body: kopf.Body, memo: Any, **_: Any) -> None:
-    _runtime(memo).on_labelled(dict(body))
-
-
 @kopf.on.event("", "v1", "pods", labels={LABEL_SERVICE: kopf.PRESENT})
-async def pod_event(body: kopf.Body, memo: Any, **_: Any) -> None:
-    _runtime(memo).on_labelled(dict(body))
-
-
-@kopf.on.event("batch", "v1", "jobs", labels={LABEL_WARMUP_FOR: kopf.PRESENT})
-async def warmup_job_event(body: kopf.Body, memo: Any, **_: Any) -> None:
-    _runtime(memo).on_labelled(dict(body))
-
-
-@kopf.on.event("batch", "v1", "jobs", labels={LABEL_BENCHMARK: kopf.PRESENT})
-async def benchmark_job_event(body: kopf.Body, memo: Any, **_: Any) -> None:
+@kopf.on.event("batch", "v1", "jobs", labels={LABEL_WARMUP_FOR: kopf.PRESENT}, id="warmup-job")
+@kopf.on.event("batch", "v1", "jobs", labels={LABEL_BENCHMARK: kopf.PRESENT}, id="load-job")
+async def labelled_event(body: kopf.Body, memo: Any, **_: Any) -> None:
     _runtime(memo).on_labelled(dict(body))
 
 
