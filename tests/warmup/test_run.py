@@ -9,8 +9,8 @@ import pytest
 from e2e.vllm_server import free_port
 
 from tests.warmup.fake_server import Behaviour, FakeOpenAI
-from vllm_operator.warmup.plan import build_plan
 from vllm_operator.warmup.report import Api, Outcome
+from vllm_operator.warmup.requests import build_plan
 from vllm_operator.warmup.run import WarmupOptions, run_warmup
 
 # Small plans keep these tests fast: a 256-token context, at most 4 concurrent requests.

@@ -28,20 +28,20 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from vllm_operator.warmup.plan import (
-    PlanInputs,
-    RequestSpec,
-    WarmupPlan,
-    build_plan,
-    calibration_text,
-    prompt_text,
-)
 from vllm_operator.warmup.report import (
     Api,
     Failure,
     Outcome,
     RequestResult,
     WarmupReport,
+)
+from vllm_operator.warmup.requests import (
+    PlanInputs,
+    RequestSpec,
+    WarmupPlan,
+    build_plan,
+    calibration_text,
+    prompt_text,
 )
 
 logger = logging.getLogger(__name__)

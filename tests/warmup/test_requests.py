@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from vllm_operator.warmup.plan import (
+from vllm_operator.warmup.report import Api
+from vllm_operator.warmup.requests import (
     PlanInputs,
     batch_sizes,
     build_plan,
@@ -14,7 +15,6 @@ from vllm_operator.warmup.plan import (
     prompt_buckets,
     prompt_text,
 )
-from vllm_operator.warmup.report import Api
 
 
 def test_default_capture_sizes_follow_vllm() -> None:
