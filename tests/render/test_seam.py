@@ -12,7 +12,7 @@ from vllm_operator.models.inference_service import EffectiveArgument, EffectiveT
 from vllm_operator.reconcile.placement import plan_inference_service
 from vllm_operator.render.deployment import DRAIN_SECONDS, build_deployment, vllm_args
 from vllm_operator.tuning import plan_service
-from vllm_operator.tuning.plan import Plan
+from vllm_operator.tuning.results import Plan
 
 
 def _container(service: object, tuning: EffectiveTuning) -> dict[str, object]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from vllm_operator.models.workload import LengthDistribution, Workload
 from vllm_operator.tuning import catalog
 from vllm_operator.tuning.gpus import GPUProfile, profile_from_product
-from vllm_operator.tuning.plan import DoesNotFit, ModelInput, Plan, SpecOnly, TuningResult
 from vllm_operator.tuning.quantization import UNQUANTIZED, WeightFormat
+from vllm_operator.tuning.results import DoesNotFit, ModelInput, Plan, SpecOnly, TuningResult
 
 GIB = 1024**3
 

@@ -30,8 +30,9 @@ from vllm_operator.models.inference_service import (
 )
 from vllm_operator.models.workload import SLO, Workload
 from vllm_operator.tuning.gpus import GPUProfile, profile_from_labels
-from vllm_operator.tuning.plan import Plan, TuningResult, plan, plan_service
+from vllm_operator.tuning.plan import plan, plan_service
 from vllm_operator.tuning.quantization import WeightFormat
+from vllm_operator.tuning.results import Plan, TuningResult
 
 GPTQ4 = WeightFormat("GPTQ", 4, 128, origin="spec.model.quantization")
 

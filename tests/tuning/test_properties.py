@@ -12,8 +12,9 @@ from vllm_operator.models.workload import LengthDistribution, Workload
 from vllm_operator.tuning.architecture import Architecture
 from vllm_operator.tuning.gpus import CATALOG, GPUProfile, profile_from_product
 from vllm_operator.tuning.memory import memory_utilization
-from vllm_operator.tuning.plan import DoesNotFit, ModelInput, Plan, TuningResult, plan
+from vllm_operator.tuning.plan import plan
 from vllm_operator.tuning.quantization import UNQUANTIZED, WeightFormat
+from vllm_operator.tuning.results import DoesNotFit, ModelInput, Plan, TuningResult
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

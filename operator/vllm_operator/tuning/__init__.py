@@ -12,7 +12,8 @@ Modules: :mod:`.architecture` (model shapes from config.json or the spec),
 :mod:`.catalog` (well-known models, offline), :mod:`.quantization` (weight formats and
 kernels), :mod:`.gpus` (GPU catalog and node profiles), :mod:`.workload` (length
 statistics), :mod:`.memory` (vLLM's memory budget and KV cache), :mod:`.performance`
-(decode roofline, load time), :mod:`.plan` (the planner), :mod:`.args` (arguments,
+(decode roofline, load time), :mod:`.plan` (the planner), :mod:`.results` (what it
+returns), :mod:`.args` (arguments,
 overrides, command line).
 """
 
@@ -25,7 +26,9 @@ from vllm_operator.tuning.gpus import (
     profile_from_labels,
     profile_from_product,
 )
-from vllm_operator.tuning.plan import (
+from vllm_operator.tuning.plan import plan, plan_service, resolve_model, spec_only
+from vllm_operator.tuning.quantization import WeightFormat
+from vllm_operator.tuning.results import (
     DoesNotFit,
     FitOption,
     ModelInput,
@@ -33,12 +36,7 @@ from vllm_operator.tuning.plan import (
     PodPlan,
     SpecOnly,
     TuningResult,
-    plan,
-    plan_service,
-    resolve_model,
-    spec_only,
 )
-from vllm_operator.tuning.quantization import WeightFormat
 
 __all__ = [
     "Architecture",

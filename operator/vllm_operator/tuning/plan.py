@@ -39,7 +39,6 @@ from typing import Any, Final, Literal
 from vllm_operator.models.gpu_node import LinkKind
 from vllm_operator.models.inference_service import (
     Dtype,
-    EffectiveTuning,
     InferenceServiceSpec,
     ModelSpec,
     NodeSpec,
@@ -53,7 +52,7 @@ from vllm_operator.models.workload import SLO, Workload
 from vllm_operator.tuning import architecture as arch_mod
 from vllm_operator.tuning import catalog, quantization
 from vllm_operator.tuning.architecture import Architecture, ArchitectureError
-from vllm_operator.tuning.args import Pins, Setting, apply_overrides, command_args, read_overrides
+from vllm_operator.tuning.args import Pins, Setting, apply_overrides, read_overrides
 from vllm_operator.tuning.gpus import CATALOG, GPUProfile, match_product, profile_from_product
 from vllm_operator.tuning.memory import (
     GIB,
@@ -70,21 +69,20 @@ from vllm_operator.tuning.memory import (
 )
 from vllm_operator.tuning.performance import DecodeEstimate, decode_rate, load_time
 from vllm_operator.tuning.quantization import UNQUANTIZED, WeightFormat
+from vllm_operator.tuning.results import (
+    DoesNotFit,
+    FitOption,
+    FitReason,
+    ModelInput,
+    Plan,
+    PodPlan,
+    SpecOnly,
+    TuningResult,
+    gib_quantity,
+)
 from vllm_operator.tuning.workload import LengthStats, length_stats
 
-__all__ = [
-    "DoesNotFit",
-    "FitOption",
-    "ModelInput",
-    "Plan",
-    "PodPlan",
-    "SpecOnly",
-    "TuningResult",
-    "plan",
-    "plan_service",
-    "resolve_model",
-    "spec_only",
-]
+__all__ = ["plan", "plan_service", "resolve_model", "spec_only"]
 
 PEAK_HEADROOM: Final = 1.5
 CONTEXT_ROUNDING: Final = 256
@@ -100,23 +98,8 @@ DEFAULT_SEQS: Final[dict[str, int]] = {
 ASSUMED_OUTPUT_TOKENS: Final = 1024
 EAGER_COST: Final = "15-22 % less steady-state throughput (docs/field-notes.md)"
 
-FitReason = Literal[
-    "WeightsDoNotFit", "ContextDoesNotFit", "InvalidParallelism", "NotEnoughGPUs", "NoMatchingGPUs"
-]
-OptionKind = Literal["Quantize", "MoreGPUs", "LargerGPU", "ShorterContext", "KVCacheDtype"]
-
 
 # --- inputs ---------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelInput:
-    """A model whose shape is known: architecture, weight format, and where they came from."""
-
-    name: str
-    architecture: Architecture
-    weight_format: WeightFormat = UNQUANTIZED
-    origin: str = "given"
 
 
 def resolve_model(
@@ -164,148 +147,7 @@ def resolve_model(
     return ModelInput(name=name, architecture=arch, weight_format=fmt, origin=origin)
 
 
-# --- results --------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class PodPlan:
-    """Pod settings for one replica; :meth:`settings` gives them with reasons."""
-
-    shm_bytes: int
-    cpus: int
-    memory_bytes: int  # /dev/shm excluded
-    cpu_pinning: bool
-    startup_seconds: int
-    interconnect: Literal["NVLink", "PCIe"] | None
-    reasons: tuple[Setting, ...]
-
-    def to_planned_pod(self) -> PlannedPod:
-        return PlannedPod(
-            shm_size=_quantity(self.shm_bytes),
-            cpus=self.cpus,
-            memory=_quantity(self.memory_bytes),
-            cpu_pinning=self.cpu_pinning,
-            startup_seconds=self.startup_seconds,
-            interconnect=self.interconnect,
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    """A configuration that fits, for one replica on one GPU profile."""
-
-    model: ModelInput
-    gpu: GPUProfile
-    gpu_indices: tuple[int, ...]
-    link: LinkKind | None
-    tensor_parallel_size: int
-    pipeline_parallel_size: int
-    arguments: tuple[Setting, ...]
-    environment: tuple[Setting, ...]
-    pod: PodPlan
-    memory: GpuMemoryPlan
-    kv_cache: KVCacheCapacity
-    predictions: Predictions
-    prediction_reasons: tuple[Setting, ...]
-    notes: tuple[str, ...]
-    replicas_per_node: int
-    kind: Literal["Plan"] = "Plan"
-
-    @property
-    def gpus_per_replica(self) -> int:
-        return self.tensor_parallel_size * self.pipeline_parallel_size
-
-    def argument(self, name: str) -> Setting | None:
-        return next((a for a in self.arguments if a.name == name), None)
-
-    def command_args(self) -> list[str]:
-        """The vLLM command-line arguments the plan puts in force."""
-        return command_args(self.arguments)
-
-    def effective_tuning(self) -> EffectiveTuning:
-        """The plan as the InferenceService status shows it."""
-        pod_notes = [f"pod {s.name}={s.value}: {s.reason}" for s in self.pod.reasons]
-        prediction_notes = [
-            f"predicted {s.name} {s.value}: {s.reason}" for s in self.prediction_reasons
-        ]
-        return EffectiveTuning(
-            planned_by="Tuner",
-            gpus_per_replica=self.gpus_per_replica,
-            tensor_parallel_size=self.tensor_parallel_size,
-            arguments=[a.to_effective() for a in self.arguments],
-            environment=[s.to_effective() for s in self.environment],
-            pod=self.pod.to_planned_pod(),
-            predictions=self.predictions,
-            notes=[*self.notes, *pod_notes, *prediction_notes],
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class FitOption:
-    """One change that would make the model fit, stated for a user."""
-
-    kind: OptionKind
-    summary: str
-
-
-@dataclasses.dataclass(frozen=True)
-class DoesNotFit:
-    """Nothing fits. ``reason`` is the Stalled condition's reason; ``message`` its message."""
-
-    reason: FitReason
-    summary: str
-    options: tuple[FitOption, ...] = ()
-    gpu: GPUProfile | None = None
-    model: ModelInput | None = None
-    memory: GpuMemoryPlan | None = None
-    notes: tuple[str, ...] = ()
-    kind: Literal["DoesNotFit"] = "DoesNotFit"
-
-    @property
-    def message(self) -> str:
-        if not self.options:
-            return self.summary
-        options = "; ".join(o.summary for o in self.options)
-        return f"{self.summary}. Would fit: {options}"
-
-
-@dataclasses.dataclass(frozen=True)
-class SpecOnly:
-    """The model's shape is unknown: only the spec's own settings apply, unplanned."""
-
-    reason: Literal["ArchitectureUnknown"]
-    message: str
-    arguments: tuple[Setting, ...]
-    # What the spec alone says of each replica: its GPUs (spec.gpu.count, 1 when "auto")
-    # and its pod (spec.node).
-    gpus: int = 1
-    pod: PlannedPod = dataclasses.field(default_factory=PlannedPod)
-    kind: Literal["SpecOnly"] = "SpecOnly"
-
-    def effective_tuning(self) -> EffectiveTuning:
-        tp = next((a for a in self.arguments if a.name == "tensor-parallel-size"), None)
-        tp_value = int(tp.value) if tp and tp.value.isdigit() else None
-        return EffectiveTuning(
-            planned_by="SpecOnly",
-            gpus_per_replica=tp_value if tp_value is not None else self.gpus,
-            tensor_parallel_size=tp_value,
-            arguments=[a.to_effective() for a in self.arguments],
-            pod=self.pod,
-            notes=[self.message],
-        )
-
-
-TuningResult = Plan | DoesNotFit | SpecOnly
-
-
 # --- helpers --------------------------------------------------------------------------------
-
-
-def _quantity(num_bytes: int) -> str:
-    """A Kubernetes quantity in whole GiB (or MiB below 1 GiB), rounded up."""
-    if num_bytes >= GIB:
-        return f"{math.ceil(num_bytes / GIB)}Gi"
-    return f"{math.ceil(num_bytes / 1024**2)}Mi"
 
 
 def parse_quantity(text: str) -> int | None:
@@ -1020,7 +862,7 @@ def _pod(ask: _Ask, c: _Candidate, load_seconds: float, weights_per_gpu: int) ->
     shm_spec = parse_quantity(node.shm_size) if node.shm_size != "auto" else None
     if shm_spec is not None:
         shm = shm_spec
-        reasons.append(Setting("shm-size", _quantity(shm), "Spec", "spec.node.shmSize"))
+        reasons.append(Setting("shm-size", gib_quantity(shm), "Spec", "spec.node.shmSize"))
     elif gpus == 1:
         shm = GIB
         reasons.append(
@@ -1037,7 +879,7 @@ def _pod(ask: _Ask, c: _Candidate, load_seconds: float, weights_per_gpu: int) ->
         reasons.append(
             Setting(
                 "shm-size",
-                _quantity(shm),
+                gib_quantity(shm),
                 "Tuner",
                 f"{gpus} GPU worker processes: vLLM's shared-memory broadcast queue and NCCL's "
                 "SHM transport (used where peer-to-peer is not) need /dev/shm; 64 MB breaks NCCL",
@@ -1069,7 +911,7 @@ def _pod(ask: _Ask, c: _Candidate, load_seconds: float, weights_per_gpu: int) ->
         reasons.append(
             Setting(
                 "memory",
-                _quantity(memory),
+                gib_quantity(memory),
                 "Tuner",
                 "4 GiB for the API server and engine core, 3 GiB per GPU worker (torch, CUDA "
                 "runtime, load staging)"
