@@ -469,9 +469,9 @@ def run_from_args(args: argparse.Namespace, out: TextIO | None = None) -> int:
         if isinstance(result, Plan):
             print(" ".join(result.command_args()), file=out)
         elif isinstance(result, SpecOnly):
-            from vllm_operator.tuning.args import command_args
+            from vllm_operator.models.inference_service import command_flags
 
-            print(" ".join(command_args(result.arguments)), file=out)
+            print(" ".join(command_flags(result.arguments)), file=out)
         else:
             print(f"vllm-operator tune: {result.reason}: {result.message}", file=sys.stderr)
     else:

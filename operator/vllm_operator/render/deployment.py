@@ -66,7 +66,7 @@ def model_reference(isvc: InferenceService) -> str:
 
 def gpus_per_replica(tuning: EffectiveTuning) -> int:
     """GPUs of each replica: the plan's (the planner fills it in, Tuner and SpecOnly
-    alike; 1 only for a tuning written before it did)."""
+    alike; the 1 is for a hand-built EffectiveTuning without it)."""
     return tuning.gpus_per_replica if tuning.gpus_per_replica is not None else 1
 
 

@@ -20,7 +20,8 @@ class ObjectCache:
     ready: bool = False
 
     def replace_all(self, items: list[Manifest]) -> None:
-        self.objects = {o["metadata"]["name"]: copy.deepcopy(o) for o in items}
+        """A fresh LIST's objects (its own, so kept as they are)."""
+        self.objects = {o["metadata"]["name"]: o for o in items}
         self.ready = True
 
     def on_event(self, event: str | None, body: Manifest) -> None:
@@ -30,7 +31,10 @@ class ObjectCache:
         if event == "DELETED":
             self.objects.pop(name, None)
         else:
-            self.objects[name] = copy.deepcopy(body)
+            self.objects[name] = copy.deepcopy(body)  # the watch's body is Kopf's
 
     def items(self) -> list[Manifest]:
-        return [copy.deepcopy(o) for _, o in sorted(self.objects.items())]
+        """The objects by name, not copied: an object is replaced whole on each event and
+        never changed in place, and the reconciles only read them (copying every node
+        on every pass of every service was the cost the cache removes)."""
+        return [o for _, o in sorted(self.objects.items())]

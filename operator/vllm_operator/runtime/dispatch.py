@@ -23,7 +23,6 @@ import httpx
 from vllm_operator.autoscale.decide import ScalerState
 from vllm_operator.constants import (
     API_VERSION,
-    KIND_GPU_NODE,
     KIND_INFERENCE_BENCHMARK,
     KIND_INFERENCE_SERVICE,
     LABEL_BENCHMARK,
@@ -39,6 +38,7 @@ from vllm_operator.reconcile.benchmark import reconcile_inference_benchmark
 from vllm_operator.reconcile.inference_service import (
     NodeView,
     Outcome,
+    list_nodes,
     reconcile_inference_service,
 )
 from vllm_operator.runtime.cache import ObjectCache
@@ -104,16 +104,15 @@ class Runtime:
     # ------------------------------------------------------------------ lifecycle
 
     async def refresh_nodes(self) -> None:
-        """One LIST of Nodes and of GPUNodes into the caches; a failed one keeps the
-        cache as it was (and its watch events keep coming)."""
-        for cache, api_version, kind in (
-            (self.nodes, "v1", "Node"),
-            (self.gpu_nodes, API_VERSION, KIND_GPU_NODE),
-        ):
-            try:
-                cache.replace_all(await self.api.list(api_version, kind))
-            except ApiError as err:
-                log.warning(f"Listing {kind}s failed.", extra={"error": str(err)})
+        """One LIST of Nodes and of GPUNodes (the reconcile's own ``list_nodes``) into the
+        caches; a failed one keeps both as they were (their watch events keep coming)."""
+        try:
+            view = await list_nodes(self.api)
+        except ApiError as err:
+            log.warning("Listing Nodes and GPUNodes failed.", extra={"error": str(err)})
+            return
+        self.nodes.replace_all(view.nodes)
+        self.gpu_nodes.replace_all(view.gpu_nodes)
 
     def node_view(self) -> NodeView | None:
         """The caches as a reconcile reads them; None until both were listed once (the

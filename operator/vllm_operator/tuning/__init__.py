@@ -13,12 +13,12 @@ Modules: :mod:`.architecture` (model shapes from config.json or the spec),
 kernels), :mod:`.gpus` (GPU catalog and node profiles), :mod:`.workload` (length
 statistics), :mod:`.memory` (vLLM's memory budget and KV cache), :mod:`.performance`
 (decode roofline, load time), :mod:`.plan` (the planner), :mod:`.results` (what it
-returns), :mod:`.args` (arguments,
-overrides, command line).
+returns), :mod:`.args` (arguments and
+overrides).
 """
 
 from vllm_operator.tuning.architecture import Architecture, ArchitectureError
-from vllm_operator.tuning.args import Setting, command_args
+from vllm_operator.tuning.args import Setting
 from vllm_operator.tuning.gpus import (
     GPUProfile,
     node_profile,
@@ -51,7 +51,6 @@ __all__ = [
     "SpecOnly",
     "TuningResult",
     "WeightFormat",
-    "command_args",
     "node_profile",
     "plan",
     "plan_service",

@@ -1,4 +1,4 @@
-"""vLLM arguments: each with a value, who decided it and why; overrides; the command line.
+"""vLLM arguments: each with a value, who decided it and why; overrides.
 
 The tuner proposes arguments (source ``Tuner``), carries some straight from the spec
 (``Spec``: a stated dtype or GPU count) and states a few of vLLM's own defaults it has
@@ -13,29 +13,25 @@ is not in force. Numbers are read the way vLLM reads them (``human_readable_int`
 is 32,000 and ``32K`` is 32,768); that small parser is hand-written here because the pure
 layer cannot import vLLM.
 
-Rendering follows vLLM's argparse: a boolean argument is ``--name`` for ``true`` and
-``--no-name`` for ``false`` (``argparse.BooleanOptionalAction``, which vLLM uses for its
-boolean engine arguments); anything else is ``--name value``.
+The command line is spelled by :func:`vllm_operator.models.inference_service.command_flags`
+after vLLM's argparse: a boolean argument is ``--name`` for ``true`` and ``--no-name`` for
+``false`` (``argparse.BooleanOptionalAction``, which vLLM uses for its boolean engine
+arguments); anything else is ``--name value``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from vllm_operator.models.inference_service import (
-    ArgumentSource,
-    EffectiveArgument,
-    command_flags,
-)
+from vllm_operator.models.inference_service import ArgumentSource, EffectiveArgument
 
 __all__ = [
     "Pins",
     "Setting",
     "apply_overrides",
-    "command_args",
     "parse_human_int",
     "read_overrides",
 ]
@@ -195,8 +191,3 @@ def apply_overrides(proposed: Sequence[Setting], overrides: Mapping[str, str]) -
             )
         )
     return result
-
-
-def command_args(arguments: Iterable[Setting | EffectiveArgument]) -> list[str]:
-    """vLLM command-line arguments for ``arguments`` (see the module docstring)."""
-    return command_flags(arguments)

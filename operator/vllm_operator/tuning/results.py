@@ -10,9 +10,14 @@ import math
 from typing import Literal
 
 from vllm_operator.models.gpu_node import LinkKind
-from vllm_operator.models.inference_service import EffectiveTuning, PlannedPod, Predictions
+from vllm_operator.models.inference_service import (
+    EffectiveTuning,
+    PlannedPod,
+    Predictions,
+    command_flags,
+)
 from vllm_operator.tuning.architecture import Architecture
-from vllm_operator.tuning.args import Setting, command_args
+from vllm_operator.tuning.args import Setting
 from vllm_operator.tuning.gpus import GPUProfile
 from vllm_operator.tuning.memory import GIB, GpuMemoryPlan, KVCacheCapacity
 from vllm_operator.tuning.quantization import UNQUANTIZED, WeightFormat
@@ -93,7 +98,7 @@ class Plan:
 
     def command_args(self) -> list[str]:
         """The vLLM command-line arguments the plan puts in force."""
-        return command_args(self.arguments)
+        return command_flags(self.arguments)
 
     def effective_tuning(self) -> EffectiveTuning:
         """The plan as the InferenceService status shows it."""
