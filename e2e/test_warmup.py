@@ -22,6 +22,7 @@ from e2e.cluster import node
 from e2e.cluster.cluster import ClusterHandle, wait_until
 from e2e.cluster.images import Images
 from e2e.real_node_fixtures import ChartOperator
+from e2e.test_operator import _condition
 from vllm_operator.constants import GROUP, LABEL_SERVICE, LABEL_WARMUP_FOR
 from vllm_operator.constants import WARMED_UP_CONDITION as GATE
 
@@ -63,14 +64,6 @@ def _isvc(name: str, mode: str, image: str, **spec: Any) -> dict[str, Any]:
     }
     body["spec"].update(spec)
     return body
-
-
-def _condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
-    for cond in obj.get("status", {}).get("conditions", []):
-        if cond["type"] == type_:
-            found: dict[str, Any] = cond
-            return found
-    return {}
 
 
 def _servers(cluster: ClusterHandle, ns: str, name: str) -> list[dict[str, Any]]:
