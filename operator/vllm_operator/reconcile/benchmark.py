@@ -292,14 +292,15 @@ async def reconcile_inference_benchmark(
     return "Failed"
 
 
-async def active_lock(api: ClusterAPI, isvc: InferenceService) -> str | None:
-    """The benchmark whose unfinished load Job holds a scale-down lock on ``isvc``."""
-    jobs = await api.list(
-        "batch/v1",
-        "Job",
-        isvc.metadata.namespace,
-        label_selector=f"{LABEL_SCALE_DOWN_LOCK}=true,{LABEL_LOCK_TARGET}={isvc.metadata.name}",
-    )
+def lock_selector(isvc: InferenceService) -> str:
+    """The Jobs that may hold a scale-down lock on ``isvc``: ours, or anyone's that carry
+    the two labels."""
+    return f"{LABEL_SCALE_DOWN_LOCK}=true,{LABEL_LOCK_TARGET}={isvc.metadata.name}"
+
+
+def lock_holder(jobs: list[Manifest]) -> str | None:
+    """Of the lock Jobs, the benchmark whose unfinished one holds the lock (the Job's own
+    name when it names no benchmark)."""
     for job in jobs:
         if job["metadata"].get("deletionTimestamp") or job_state(job) != "Running":
             continue
@@ -308,11 +309,27 @@ async def active_lock(api: ClusterAPI, isvc: InferenceService) -> str | None:
     return None
 
 
-async def last_benchmark(api: ClusterAPI, isvc: InferenceService) -> BenchmarkSummary | None:
-    """The most recent finished benchmark of ``isvc``, computed from the benchmarks
-    themselves (not stored: deleting a benchmark drops it from here too)."""
+async def list_lock_jobs(api: ClusterAPI, isvc: InferenceService) -> list[Manifest]:
+    return await api.list(
+        "batch/v1", "Job", isvc.metadata.namespace, label_selector=lock_selector(isvc)
+    )
+
+
+async def active_lock(api: ClusterAPI, isvc: InferenceService) -> str | None:
+    """The benchmark whose unfinished load Job holds a scale-down lock on ``isvc``."""
+    return lock_holder(await list_lock_jobs(api, isvc))
+
+
+async def list_benchmarks(api: ClusterAPI, isvc: InferenceService) -> list[Manifest]:
+    return await api.list(API_VERSION, KIND_INFERENCE_BENCHMARK, isvc.metadata.namespace)
+
+
+def latest_benchmark(isvc: InferenceService, items: list[Manifest]) -> BenchmarkSummary | None:
+    """The most recent finished benchmark of ``isvc`` among the namespace's benchmarks,
+    computed from the benchmarks themselves (not stored: deleting a benchmark drops it
+    from here too)."""
     found: list[InferenceBenchmark] = []
-    for item in await api.list(API_VERSION, KIND_INFERENCE_BENCHMARK, isvc.metadata.namespace):
+    for item in items:
         try:
             bench = InferenceBenchmark.model_validate(item)
         except ValidationError:

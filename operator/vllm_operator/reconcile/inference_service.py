@@ -1,16 +1,23 @@
 """The one reconcile of an InferenceService: level-based, the same on create, update,
-resume, drift and resync.
+resume, drift and resync. One pass has three phases, each a section below:
 
-gather (spec, nodes, secrets, children) → plan → find problems → render → apply what we
-own with server-side apply → compute the whole status → write it only if it changed →
-events only on transitions.
+- **gather**: every read, into one immutable :class:`Snapshot`. Nodes and GPUNodes come
+  from the runtime's watch-fed caches; the rest is read once, the independent reads at
+  the same time;
+- **decide**: pure functions of the snapshot: the plan, the problems, the replicas a
+  benchmark's lock allows, the children to apply, the HPA to remove, the warmups' writes,
+  the last benchmark;
+- **apply**: server-side apply of what we own, then the whole status computed from what
+  was read and applied, written only if it changed; events only on transitions.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -21,8 +28,17 @@ from vllm_operator.constants import (
 from vllm_operator.k8s.api import ApiError, ClusterAPI, apply_status
 from vllm_operator.models import InferenceService, InferenceServiceStatus
 from vllm_operator.models.base import Manifest
-from vllm_operator.models.inference_service import EffectiveTuning, WarmupStatus
-from vllm_operator.reconcile.benchmark import active_lock, last_benchmark
+from vllm_operator.models.inference_service import (
+    BenchmarkSummary,
+    EffectiveTuning,
+    WarmupStatus,
+)
+from vllm_operator.reconcile.benchmark import (
+    latest_benchmark,
+    list_benchmarks,
+    list_lock_jobs,
+    lock_holder,
+)
 from vllm_operator.reconcile.conditions import condition, find
 from vllm_operator.reconcile.placement import (
     allocatable_gpus,
@@ -30,7 +46,13 @@ from vllm_operator.reconcile.placement import (
     plan_inference_service,
 )
 from vllm_operator.reconcile.status import Observed, Problem, compute_status
-from vllm_operator.reconcile.warmup import reconcile_warmups
+from vllm_operator.reconcile.warmup import (
+    WarmupDecision,
+    apply_writes,
+    decide_warmups,
+    list_warmup_jobs,
+    read_reports,
+)
 from vllm_operator.render.deployment import build_deployment, gpus_per_replica
 from vllm_operator.render.hpa import build_hpa, hpa_name
 from vllm_operator.render.meta import deployment_name, selector_string
@@ -49,11 +71,112 @@ class Outcome:
     stalled: bool
 
 
-async def find_problems(
-    api: ClusterAPI,
+# --- gather ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """The cluster's Nodes and GPUNodes as one reconcile pass reads them (the runtime's
+    watch-fed caches; listed afresh when a caller has none)."""
+
+    nodes: list[Manifest]
+    gpu_nodes: list[Manifest]
+
+
+async def list_nodes(api: ClusterAPI) -> NodeView:
+    return NodeView(await api.list("v1", "Node"), await api.list(API_VERSION, KIND_GPU_NODE))
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything one pass reads, read before anything is decided or written."""
+
+    view: NodeView
+    # The Secret spec.model.source.huggingFace.tokenSecretRef names and the claim
+    # spec.model.source.pvc names; None when missing or not named.
+    token_secret: Manifest | None
+    claim: Manifest | None
+    # The HorizontalPodAutoscaler of the service's name, ours or not.
+    hpa: Manifest | None
+    # Jobs carrying the scale-down lock labels for this service (anyone's), and its
+    # warmup Jobs: two LISTs, since no one label selector can ask for both.
+    lock_jobs: list[Manifest]
+    warmup_jobs: list[Manifest]
+    pods: list[Manifest]
+    # The namespace's InferenceBenchmarks (the last finished one of this service goes
+    # into its status).
+    benchmarks: list[Manifest]
+    # Read only when a benchmark holds the lock: its replicas are the floor then.
+    live_deployment: Manifest | None
+    # The reports of the finished warmup Jobs whose outcome is not on their pod yet.
+    warmup_reports: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+async def _get(
+    api: ClusterAPI, api_version: str, kind: str, name: str | None, ns: str | None
+) -> Manifest | None:
+    return await api.get(api_version, kind, name, ns) if name is not None else None
+
+
+async def gather(api: ClusterAPI, isvc: InferenceService, view: NodeView | None) -> Snapshot:
+    """Every read of a pass. The independent reads go out together (objects, then
+    lists); the two that depend on them (the live Deployment under a lock, the reports
+    of finished warmups) follow."""
+    ns = isvc.metadata.namespace
+    source = isvc.spec.model.source
+    hf = source.hugging_face
+    ref = hf.token_secret_ref if hf is not None else None
+    nodes, token_secret, claim, hpa = await asyncio.gather(
+        _view(api, view),
+        _get(api, "v1", "Secret", ref.name if ref is not None else None, ns),
+        _get(
+            api,
+            "v1",
+            "PersistentVolumeClaim",
+            source.pvc.claim_name if source.pvc is not None else None,
+            ns,
+        ),
+        _get(api, "autoscaling/v2", "HorizontalPodAutoscaler", hpa_name(isvc), ns),
+    )
+    lock_jobs, warmup_jobs, pods, benchmarks = await asyncio.gather(
+        list_lock_jobs(api, isvc),
+        list_warmup_jobs(api, isvc) if isvc.spec.warmup.enabled else _empty(),
+        api.list("v1", "Pod", ns, label_selector=selector_string(isvc)),
+        list_benchmarks(api, isvc),
+    )
+    live = None
+    if lock_holder(lock_jobs) is not None:
+        live = await api.get("apps/v1", "Deployment", deployment_name(isvc), ns)
+    reports = await read_reports(api, isvc, pods, warmup_jobs) if isvc.spec.warmup.enabled else {}
+    return Snapshot(
+        view=nodes,
+        token_secret=token_secret,
+        claim=claim,
+        hpa=hpa,
+        lock_jobs=lock_jobs,
+        warmup_jobs=warmup_jobs,
+        pods=pods,
+        benchmarks=benchmarks,
+        live_deployment=live,
+        warmup_reports=reports,
+    )
+
+
+async def _view(api: ClusterAPI, view: NodeView | None) -> NodeView:
+    return view if view is not None else await list_nodes(api)
+
+
+async def _empty() -> list[Manifest]:
+    return []
+
+
+# --- decide ---------------------------------------------------------------------------------
+
+
+def find_problems(
     isvc: InferenceService,
     tuning: EffectiveTuning,
-    nodes: list[Manifest],
+    snap: Snapshot,
     *,
     check_gpus: bool = True,
 ) -> list[Problem]:
@@ -63,7 +186,7 @@ async def find_problems(
     hf = isvc.spec.model.source.hugging_face
     if hf is not None and hf.token_secret_ref is not None:
         ref = hf.token_secret_ref
-        secret = await api.get("v1", "Secret", ref.name, ns)
+        secret = snap.token_secret
         if secret is None:
             problems.append(
                 Problem(
@@ -81,7 +204,7 @@ async def find_problems(
                 )
             )
     pvc = isvc.spec.model.source.pvc
-    if pvc is not None and await api.get("v1", "PersistentVolumeClaim", pvc.claim_name, ns) is None:
+    if pvc is not None and snap.claim is None:
         problems.append(
             Problem(
                 "PersistentVolumeClaimNotFound",
@@ -91,7 +214,7 @@ async def find_problems(
         )
     need = gpus_per_replica(tuning)
     if check_gpus and need > 0:
-        candidates = [n for n in nodes if fits_placement(isvc, n, tuning)]
+        candidates = [n for n in snap.view.nodes if fits_placement(isvc, n, tuning)]
         if not any(allocatable_gpus(n) >= need for n in candidates):
             most = max((allocatable_gpus(n) for n in candidates), default=0)
             where = (
@@ -114,27 +237,126 @@ def _controlled_by(obj: Manifest, isvc: InferenceService) -> bool:
     return any(o.get("controller") and o.get("uid") == isvc.metadata.uid for o in owners)
 
 
-async def _hpa(
-    api: ClusterAPI, isvc: InferenceService, *, blocked_by: str | None
-) -> tuple[Manifest | None, Problem | None]:
-    """The HPA to apply (HPA mode), or none; in any other mode the HPA we rendered
-    before goes. An HPA of that name that is not ours is never taken over or deleted."""
-    ns, name = isvc.metadata.namespace, hpa_name(isvc)
-    existing = await api.get("autoscaling/v2", "HorizontalPodAutoscaler", name, ns)
+def _hpa(
+    isvc: InferenceService, existing: Manifest | None, *, blocked_by: str | None
+) -> tuple[Manifest | None, bool, Problem | None]:
+    """(the HPA to apply in HPA mode, whether the one we rendered before goes, a
+    conflict). An HPA of that name that is not ours is never taken over or deleted."""
+    name = hpa_name(isvc)
     ours = existing is None or _controlled_by(existing, isvc)
     auto = isvc.spec.autoscaling
     if auto.enabled and auto.mode == "HPA":
         if not ours:
-            return None, Problem(
-                "HPAConflict",
-                f"spec.autoscaling.mode: HPA needs the HorizontalPodAutoscaler {name}, and one "
-                "of that name exists that this InferenceService does not own; it is left "
-                "as it is. Delete or rename it, or use mode Operator.",
+            return (
+                None,
+                False,
+                Problem(
+                    "HPAConflict",
+                    f"spec.autoscaling.mode: HPA needs the HorizontalPodAutoscaler {name}, and "
+                    "one of that name exists that this InferenceService does not own; it is "
+                    "left as it is. Delete or rename it, or use mode Operator.",
+                ),
             )
-        return build_hpa(isvc, scale_down_held=blocked_by is not None), None
-    if existing is not None and ours:
-        await api.delete("autoscaling/v2", "HorizontalPodAutoscaler", name, ns)
-    return None, None
+        return build_hpa(isvc, scale_down_held=blocked_by is not None), False, None
+    return None, existing is not None and ours, None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What a pass will write, and what the status needs of what it decided."""
+
+    tuning: EffectiveTuning
+    problems: list[Problem]
+    desired_replicas: int
+    scale_down_blocked_by: str | None
+    # In apply order; the Deployment, when there is one, is last.
+    children: list[Manifest]
+    delete_hpa: bool
+    warmup: WarmupDecision
+    last_benchmark: BenchmarkSummary | None
+
+
+def decide(
+    isvc: InferenceService, snap: Snapshot, settings: OperatorSettings, now: datetime
+) -> Decision:
+    planned = plan_inference_service(isvc, snap.view.nodes, snap.view.gpu_nodes)
+    tuning = planned.tuning
+    problems = find_problems(isvc, tuning, snap, check_gpus=planned.does_not_fit is None)
+    if planned.does_not_fit is not None:
+        verdict = planned.does_not_fit
+        problems.insert(0, Problem(verdict.reason, verdict.message))
+    desired = isvc.spec.replicas
+    blocked_by = lock_holder(snap.lock_jobs)
+    if blocked_by is not None:
+        # A benchmark runs: never fewer replicas than are running now (scale-up is fine).
+        running = int((snap.live_deployment or {}).get("spec", {}).get("replicas", 0) or 0)
+        desired = max(desired, running)
+    children = [build_service(isvc), build_pdb(isvc)]
+    hpa, delete_hpa, conflict = _hpa(isvc, snap.hpa, blocked_by=blocked_by)
+    if hpa is not None:
+        children.append(hpa)
+    if conflict is not None:
+        problems.append(conflict)
+    if planned.does_not_fit is None:
+        # Never a Deployment that will run out of memory: when nothing fits, the one
+        # running (if any) stays as it is until the spec or the nodes change.
+        children.append(
+            build_deployment(
+                isvc, tuning, image=isvc.spec.image or settings.default_image, replicas=desired
+            )
+        )
+    warmup = decide_warmups(
+        isvc,
+        tuning,
+        snap.pods,
+        snap.warmup_jobs,
+        snap.warmup_reports,
+        image=settings.warmup_image,
+        resources=settings.warmup_resources.to_wire(),
+        now=now,
+    )
+    return Decision(
+        tuning=tuning,
+        problems=problems,
+        desired_replicas=desired,
+        scale_down_blocked_by=blocked_by,
+        children=children,
+        delete_hpa=delete_hpa,
+        warmup=warmup,
+        last_benchmark=latest_benchmark(isvc, snap.benchmarks),
+    )
+
+
+# --- apply ----------------------------------------------------------------------------------
+
+
+async def _apply_children(
+    api: ClusterAPI, isvc: InferenceService, decision: Decision
+) -> tuple[Manifest | None, list[Problem]]:
+    """Apply the children; the Deployment as it stands after that (the apply's answer,
+    or read when this pass applies none), and what the apiserver refused."""
+    deployment: Manifest | None = None
+    rejected: list[Problem] = []
+    for child in decision.children:
+        try:
+            applied = await api.apply(child)
+        except ApiError as err:
+            if err.transient:
+                raise
+            # The apiserver refused what we rendered (a value the CRD let through but the
+            # child's own validation does not): a spec problem, not something to retry.
+            rejected.append(
+                Problem("ChildRejected", f"The apiserver rejected the {child['kind']}: {err}")
+            )
+            continue
+        if child["kind"] == "Deployment":
+            deployment = applied
+    ns = isvc.metadata.namespace
+    if decision.delete_hpa:
+        await api.delete("autoscaling/v2", "HorizontalPodAutoscaler", hpa_name(isvc), ns)
+    if deployment is None:
+        deployment = await api.get("apps/v1", "Deployment", deployment_name(isvc), ns)
+    return deployment, rejected
 
 
 def _stored_status(body: Manifest) -> InferenceServiceStatus | None:
@@ -199,19 +421,6 @@ async def _events(
         )
 
 
-@dataclass(frozen=True)
-class NodeView:
-    """The cluster's Nodes and GPUNodes as one reconcile pass reads them (the runtime's
-    watch-fed caches; listed afresh when a caller has none)."""
-
-    nodes: list[Manifest]
-    gpu_nodes: list[Manifest]
-
-
-async def list_nodes(api: ClusterAPI) -> NodeView:
-    return NodeView(await api.list("v1", "Node"), await api.list(API_VERSION, KIND_GPU_NODE))
-
-
 async def reconcile_inference_service(
     api: ClusterAPI,
     body: Manifest,
@@ -228,66 +437,14 @@ async def reconcile_inference_service(
         await _invalid(api, body, err, now)
         return Outcome(ready=False, stalled=True)
     ns = isvc.metadata.namespace
-    view = view or await list_nodes(api)
-    nodes = view.nodes
-    planned = plan_inference_service(isvc, nodes, view.gpu_nodes)
-    tuning = planned.tuning
-    problems = await find_problems(
-        api, isvc, tuning, nodes, check_gpus=planned.does_not_fit is None
-    )
-    if planned.does_not_fit is not None:
-        verdict = planned.does_not_fit
-        problems.insert(0, Problem(verdict.reason, verdict.message))
-    desired = isvc.spec.replicas
-    blocked_by = await active_lock(api, isvc)
-    if blocked_by is not None:
-        # A benchmark runs: never fewer replicas than are running now (scale-up is fine).
-        live = await api.get("apps/v1", "Deployment", deployment_name(isvc), ns)
-        running = int((live or {}).get("spec", {}).get("replicas", 0) or 0)
-        desired = max(desired, running)
 
-    deployment: Manifest | None = None
-    children = [build_service(isvc), build_pdb(isvc)]
-    hpa, conflict = await _hpa(api, isvc, blocked_by=blocked_by)
-    if hpa is not None:
-        children.append(hpa)
-    if conflict is not None:
-        problems.append(conflict)
-    if planned.does_not_fit is None:
-        # Never a Deployment that will run out of memory: when nothing fits, the one
-        # running (if any) stays as it is until the spec or the nodes change.
-        children.append(
-            build_deployment(
-                isvc, tuning, image=isvc.spec.image or settings.default_image, replicas=desired
-            )
-        )
-    for child in children:
-        try:
-            applied = await api.apply(child)
-        except ApiError as err:
-            if err.transient:
-                raise
-            # The apiserver refused what we rendered (a value the CRD let through but the
-            # child's own validation does not): a spec problem, not something to retry.
-            problems.append(
-                Problem("ChildRejected", f"The apiserver rejected the {child['kind']}: {err}")
-            )
-            continue
-        if child["kind"] == "Deployment":
-            deployment = applied
-    if deployment is None:
-        deployment = await api.get("apps/v1", "Deployment", deployment_name(isvc), ns)
-    pods = await api.list("v1", "Pod", ns, label_selector=selector_string(isvc))
+    snap = await gather(api, isvc, view)
+    decision = decide(isvc, snap, settings, now)
+    deployment, rejected = await _apply_children(api, isvc, decision)
+    await apply_writes(api, decision.warmup.writes)
 
-    warm = await reconcile_warmups(
-        api,
-        isvc,
-        tuning,
-        pods,
-        image=settings.warmup_image,
-        resources=settings.warmup_resources.to_wire(),
-        now=now,
-    )
+    problems = decision.problems + rejected
+    warm = decision.warmup.seen
     warmup_status = isvc.status.warmup if isvc.status else None
     if warm.cold_ttft_ms is not None or warm.warm_ttft_ms is not None:
         warmup_status = WarmupStatus(
@@ -295,16 +452,16 @@ async def reconcile_inference_service(
             last_warm_ttft_milliseconds=warm.warm_ttft_ms,
         )
     observed = Observed(
-        tuning=tuning,
-        desired_replicas=desired,
+        tuning=decision.tuning,
+        desired_replicas=decision.desired_replicas,
         deployment=deployment,
-        pods=pods,
+        pods=snap.pods,
         problems=problems,
         warmup=warmup_status,
         warmed=warm.warmed if isvc.spec.warmup.enabled else None,
         warmup_failures=warm.failures,
-        scale_down_blocked_by=blocked_by,
-        last_benchmark=await last_benchmark(api, isvc),
+        scale_down_blocked_by=decision.scale_down_blocked_by,
+        last_benchmark=decision.last_benchmark,
     )
     status = compute_status(isvc, observed, now=now)
     old = _stored_status(body)
