@@ -5,8 +5,11 @@ current (`make verify` runs the check; CI runs `make verify` through the tests).
     python scripts/generate.py --check   # exit 1 naming each stale, missing or extra file
 
 The files: the CRDs in crds/ and their copy in the Helm chart (from the pydantic models),
-docs/reference.md (from the CRDs), and Argo CD's argocd-cm patch (from the Lua health
-checks in deploy/argocd/health/).
+docs/reference.md (from the CRDs), Argo CD's argocd-cm patch (from the Lua health checks
+in deploy/argocd/health/), the node agent's manifests in deploy/agent/ (from
+agent/manifests.py), and the agent tests' NVML answer files (from
+tests/agent/answer_sets.py; the ones recorded on real GPUs, under h200/, are not
+generated).
 """
 
 from __future__ import annotations
@@ -32,6 +35,20 @@ def _reference() -> dict[str, str]:
     return {"reference.md": render_reference()}
 
 
+def _agent() -> dict[str, str]:
+    from vllm_operator.agent.manifests import deploy_files
+
+    return deploy_files()
+
+
+def _agent_fixtures() -> dict[str, str]:
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    from tests.agent.answer_sets import render
+
+    return render()
+
+
 def _argocd() -> dict[str, str]:
     spec = importlib.util.spec_from_file_location("render_cm", REPO / "deploy/argocd/render_cm.py")
     assert spec is not None and spec.loader is not None
@@ -49,6 +66,8 @@ TARGETS: tuple[tuple[str, str | None, Callable[[], dict[str, str]]], ...] = (
     ("charts/vllm-operator/files/crds", "*.yaml", _crds),
     ("docs", None, _reference),
     ("deploy/argocd", None, _argocd),
+    ("deploy/agent", "*.yaml", _agent),
+    ("tests/agent/fixtures", "*.yaml", _agent_fixtures),
 )
 
 

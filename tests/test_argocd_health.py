@@ -15,7 +15,6 @@ they are the statuses the operator really writes.
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import subprocess
 from dataclasses import dataclass
@@ -542,13 +541,3 @@ def test_a_broken_script_would_fail_these_tests() -> None:
     assert result["status"] == "Healthy"
     with pytest.raises(Exception, match="attempt to index"):
         runtime.execute("return obj.status.conditions")
-
-
-def test_the_argocd_cm_patch_is_current() -> None:
-    spec = importlib.util.spec_from_file_location(
-        "render_cm", REPO / "deploy" / "argocd" / "render_cm.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert module.main(["--check"]) == 0, "run: python deploy/argocd/render_cm.py"

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from vllm_operator.agent.manifests import agent_manifests, deploy_files, main
+from vllm_operator.agent.manifests import agent_manifests
 
 DEPLOY = Path(__file__).parents[2] / "deploy" / "agent"
 
@@ -19,19 +19,6 @@ def by_kind(manifests: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def pod(manifests: list[dict[str, Any]]) -> dict[str, Any]:
     spec: dict[str, Any] = by_kind(manifests)["DaemonSet"]["spec"]["template"]["spec"]
     return spec
-
-
-def test_the_deploy_copies_are_what_the_builder_makes() -> None:
-    for name, text in deploy_files().items():
-        assert (DEPLOY / name).read_text() == text, (
-            f"deploy/agent/{name} is stale; run: python -m vllm_operator.agent.manifests"
-        )
-    assert main(["--check", "--out", str(DEPLOY)]) == 0
-
-
-def test_the_check_fails_on_a_stale_copy(tmp_path: Path) -> None:
-    (tmp_path / "agent.yaml").write_text("stale\n")
-    assert main(["--check", "--out", str(tmp_path)]) == 1
 
 
 def test_reading_runs_as_non_root_with_nothing_added_under_restricted() -> None:
