@@ -114,3 +114,8 @@ class OperatorSettings(BaseSettings):
     log_format: str = Field(
         default="plain", pattern="^(plain|json)$", description="Log lines: plain or json."
     )
+    log_level: str = Field(
+        default="info",
+        pattern="^(debug|info|warning)$",
+        description="The operator's own log level: debug adds a line per reconcile pass.",
+    )

@@ -5,6 +5,7 @@ tests/reconcile); the cluster is the recording fake of the ``k8s`` layer."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import httpx
@@ -95,6 +96,18 @@ async def test_each_kind_of_key_runs_its_own_reconcile(runtime: Runtime, calls: 
     assert await runtime.work((BENCH, "team", "load")) is None
     assert await runtime.work((SCALE, "team", "chat")) == 2.0
     assert calls.made == [("service", "chat"), ("benchmark", "load"), ("autoscale", "chat")]
+
+
+async def test_each_service_pass_is_one_debug_line_naming_the_object(
+    runtime: Runtime, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What the cluster tests await instead of sleeping: a pass ran for that object."""
+    _cluster(runtime).put(_obj(KIND_INFERENCE_SERVICE))
+    with caplog.at_level(logging.DEBUG, logger="vllm_operator"):
+        await runtime.work((ISVC, "team", "chat"))
+    assert [r.getMessage() for r in caplog.records] == [
+        "Reconciled InferenceService team/chat: ok."
+    ]
 
 
 async def test_a_gone_or_going_object_is_dropped_and_its_back_off_forgotten(

@@ -148,6 +148,7 @@ def run(settings: OperatorSettings) -> None:
         verbose=False,
         log_format=kopf.LogFormat.JSON if settings.log_format == "json" else kopf.LogFormat.PLAIN,
     )
+    log.setLevel(settings.log_level.upper())
     # Kopf announces every handled watch event at INFO; ours are on transitions only.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     # httpx logs every request at INFO: the autoscaler's /metrics readings would flood.

@@ -176,7 +176,10 @@ class Runtime:
                     extra={"object": f"{namespace}/{name}", "error": str(err), "delay": delay},
                 )
                 return delay
-        RECONCILES.labels(KIND_INFERENCE_SERVICE, "stalled" if outcome.stalled else "ok").inc()
+        result = "stalled" if outcome.stalled else "ok"
+        RECONCILES.labels(KIND_INFERENCE_SERVICE, result).inc()
+        # The object in the message itself: the plain log format prints no extras.
+        log.debug("Reconciled InferenceService %s/%s: %s.", namespace, name, result)
         CONDITIONS.labels(KIND_INFERENCE_SERVICE, namespace, name, "Ready", "True").set(
             1 if outcome.ready else 0
         )
