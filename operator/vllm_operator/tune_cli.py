@@ -52,7 +52,8 @@ from vllm_operator.models.inference_service import (
 from vllm_operator.models.workload import SLO, LengthDistribution, Workload
 from vllm_operator.tuning import catalog, gpus
 from vllm_operator.tuning.architecture import ArchitectureError
-from vllm_operator.tuning.plan import plan, resolve_model, spec_only
+from vllm_operator.tuning.plan import plan, spec_only
+from vllm_operator.tuning.request import resolve_model
 from vllm_operator.tuning.results import DoesNotFit, ModelInput, Plan, SpecOnly, TuningResult
 
 __all__ = ["add_parser", "configure", "main", "run_from_args"]

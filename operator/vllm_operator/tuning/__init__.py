@@ -12,9 +12,12 @@ Modules: :mod:`.architecture` (model shapes from config.json or the spec),
 :mod:`.catalog` (well-known models, offline), :mod:`.quantization` (weight formats and
 kernels), :mod:`.gpus` (GPU catalog and node profiles), :mod:`.workload` (length
 statistics), :mod:`.memory` (vLLM's memory budget and KV cache), :mod:`.performance`
-(decode roofline, load time), :mod:`.plan` (the planner), :mod:`.results` (what it
-returns), :mod:`.args` (arguments and
-overrides).
+(decode roofline, load time), :mod:`.plan` (the planner) and its steps: :mod:`.request`
+(the resolved model and what is decided before a GPU is chosen), :mod:`.candidate` (a
+tensor-parallel size on a GPU profile), :mod:`.choose` (choosing it), :mod:`.verdicts`
+(what does not fit, and what would), :mod:`.pod` (the pod's resources) and
+:mod:`.units` (helpers they share); :mod:`.results` (what it returns), :mod:`.args`
+(arguments and overrides).
 """
 
 from vllm_operator.tuning.architecture import Architecture, ArchitectureError
@@ -26,8 +29,9 @@ from vllm_operator.tuning.gpus import (
     profile_from_labels,
     profile_from_product,
 )
-from vllm_operator.tuning.plan import plan, plan_service, resolve_model, spec_only
+from vllm_operator.tuning.plan import plan, plan_service, spec_only
 from vllm_operator.tuning.quantization import WeightFormat
+from vllm_operator.tuning.request import resolve_model
 from vllm_operator.tuning.results import (
     DoesNotFit,
     FitOption,
