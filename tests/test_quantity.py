@@ -8,7 +8,7 @@ from decimal import Decimal
 import pytest
 
 from vllm_operator.models.quantity import format_mebibytes, parse_quantity, to_bytes
-from vllm_operator.tuning.pod import parse_quantity as spec_bytes
+from vllm_operator.tuning.pod import spec_bytes
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 """The pod around one replica (:func:`pod_plan`): /dev/shm, CPUs, host memory, CPU
 pinning, the startup budget and the interconnect a node must offer, each with its reason;
-the spec's values win where it sets them (read leniently by :func:`parse_quantity`)."""
+the spec's values win where it sets them (read leniently by :func:`spec_bytes`)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from vllm_operator.tuning.request import Ask
 from vllm_operator.tuning.results import PodPlan, gib_quantity
 from vllm_operator.tuning.units import round_up
 
-__all__ = ["parse_quantity", "pod_plan"]
+__all__ = ["pod_plan", "spec_bytes"]
 
 
-def parse_quantity(text: str) -> int | None:
+def spec_bytes(text: str) -> int | None:
     """Bytes in a Kubernetes quantity ("2Gi", "512M", "1.5G"), rounded up; None if the
     text is not one (admission's pattern is looser than the grammar)."""
     try:
@@ -31,7 +31,7 @@ def pod_plan(ask: Ask, c: Candidate, load_seconds: float, weights_per_gpu: int) 
     node = ask.node
     reasons: list[Setting] = []
     # /dev/shm
-    shm_spec = parse_quantity(node.shm_size) if node.shm_size != "auto" else None
+    shm_spec = spec_bytes(node.shm_size) if node.shm_size != "auto" else None
     if shm_spec is not None:
         shm = shm_spec
         reasons.append(Setting("shm-size", gib_quantity(shm), "Spec", "spec.node.shmSize"))
@@ -74,7 +74,7 @@ def pod_plan(ask: Ask, c: Candidate, load_seconds: float, weights_per_gpu: int) 
             )
         )
     # Host memory
-    if node.memory is not None and (spec_mem := parse_quantity(node.memory)) is not None:
+    if node.memory is not None and (spec_mem := spec_bytes(node.memory)) is not None:
         memory = spec_mem
         reasons.append(Setting("memory", node.memory, "Spec", "spec.node.memory"))
     else:
