@@ -229,9 +229,101 @@ def test_one_long_request_ending_does_not_read_as_many_in_flight() -> None:
     assert steady.readings["c"][0][0] >= 38 - 15 - 2
 
 
-def test_the_least_loaded_pods_get_the_lowest_deletion_cost() -> None:
-    loads = {"busy": PodLoad(6, 2), "idle": PodLoad(0, 0), "light": PodLoad(0.4, 0)}
-    costs = deletion_costs(loads)
-    assert costs == {"busy": 800, "idle": 0, "light": 40}
-    # The ReplicaSet removes the lowest cost first.
-    assert sorted(costs, key=costs.__getitem__) == ["idle", "light", "busy"]
+def served(name: str, tokens: float, finished: float, e2e: float = 0.0) -> PodReading:
+    """A pod whose gauges read 0 and whose counters read ``tokens`` and ``finished``."""
+    return PodReading(name, 0, 0, 0.0, (), e2e_seconds=e2e, tokens=tokens, finished=finished)
+
+
+def test_the_pods_that_served_least_get_the_lowest_deletion_costs() -> None:
+    loads = {
+        "busy": PodLoad(0, 0, tokens_per_second=300, finished_per_second=2),
+        "light": PodLoad(0, 0, tokens_per_second=40, finished_per_second=0.5),
+        "idle": PodLoad(0, 0),
+    }
+    created = {
+        "busy": "2026-01-01T00:09:00Z",
+        "light": "2026-01-01T00:05:00Z",
+        "idle": "2026-01-01T00:00:00Z",
+    }
+    costs = deletion_costs(loads, created)
+    # The ReplicaSet removes the lowest cost first: the idle pod, though it is the oldest.
+    assert costs == {"idle": 0, "light": 1, "busy": 2}
+
+
+def test_deletion_costs_fall_back_to_requests_finished_then_to_requests_held() -> None:
+    """Without token counters (a server that does not report them) the requests finished
+    rank the pods; without those either, the requests they hold (as before)."""
+    loads = {
+        "finished-more": PodLoad(0, 0, finished_per_second=1.0),
+        "finished-less": PodLoad(5, 1, finished_per_second=0.5),
+        "holds-more": PodLoad(6, 2),
+        "holds-less": PodLoad(0.4, 0),
+    }
+    costs = deletion_costs(loads, dict.fromkeys(loads, ""))
+    ranked = sorted(costs, key=costs.__getitem__)
+    assert ranked == ["holds-less", "holds-more", "finished-less", "finished-more"]
+
+
+def test_equal_pods_get_distinct_costs_the_newer_pod_lowest_then_by_name() -> None:
+    """Ties are broken here, not left to the ReplicaSet: the newer pod goes first (the
+    ReplicaSet's own preference, kept explicit), then the name in order. A pod with no load
+    known (not read) ranks above every pod read."""
+    idle = PodLoad(0, 0)
+    created = {
+        "b-old": "2026-01-01T00:00:00Z",
+        "c-new": "2026-01-01T00:09:00Z",
+        "a-new": "2026-01-01T00:09:00Z",
+        "unread": "2026-01-01T00:10:00Z",
+    }
+    costs = deletion_costs({"b-old": idle, "c-new": idle, "a-new": idle}, created)
+    assert costs == {"a-new": 0, "c-new": 1, "b-old": 2, "unread": 3}
+    # Pods not in ``created`` (gone, or being deleted) get no cost.
+    assert deletion_costs({"gone": idle}, {"b-old": ""}) == {"b-old": 0}
+
+
+def test_the_pod_that_served_over_the_window_is_kept_though_both_gauges_read_zero() -> None:
+    """Both pods' request gauges read 0 at every reading, as vLLM's snapshots do under a
+    light load of short requests; one pod served a request (20 tokens, 15 ms) every 4 s,
+    so its latency sums make 0.004 requests in the server on average: 0 in the old
+    cost of 100 * requests, a tie with the idle pod. The counters saw every request: that pod
+    ranks above the idle one, although it is the newer, which the ReplicaSet's tie-break
+    would remove."""
+    s = spec(target="3", periodSeconds=2)
+    state = ScalerState()
+    for t in range(0, 32, 2):
+        n = t // 4
+        busy = served("busy", tokens=20.0 * n, finished=n, e2e=0.015 * n)
+        sig = signal(s, [served("idle", 500, 40), busy], 2, state, t)
+    # From the baseline 16 s back (t = 14, 3 requests) to t = 30 (7 requests).
+    assert sig.loads["busy"].in_flight == pytest.approx(0.06 / 16)
+    assert sig.loads["busy"].tokens_per_second == pytest.approx(80 / 16)
+    assert sig.loads["busy"].finished_per_second == pytest.approx(4 / 16)
+    assert sig.loads["idle"] == PodLoad(0, 0)
+    costs = deletion_costs(
+        sig.loads, {"idle": "2026-01-01T00:00:00Z", "busy": "2026-01-01T00:05:00Z"}
+    )
+    assert costs == {"idle": 0, "busy": 1}
+
+
+def test_a_pod_not_read_once_keeps_its_history_and_its_load() -> None:
+    """A failed scrape neither drops a pod's baseline (its next load would come from the
+    gauges alone) nor leaves it out of the loads the deletion costs rank: it is the load
+    of its last reading, for two windows; after that the pod is forgotten."""
+    s = spec(target="3", periodSeconds=2)
+    state = ScalerState()
+    for t in range(0, 20, 2):
+        signal(s, [served("idle", 0, 0), served("busy", 30.0 * t, t / 4)], 2, state, t)
+    missed = signal(s, [served("idle", 0, 0)], 2, state, 20)
+    assert missed.pods == 1 and missed.value == 0.0  # the signal is the pods read
+    assert missed.loads["busy"].tokens_per_second == pytest.approx(30.0)
+    assert deletion_costs(missed.loads, {"idle": "", "busy": ""}) == {"idle": 0, "busy": 1}
+    # Read again: averaged from the baseline it kept, not the gauges of one reading.
+    back = signal(s, [served("idle", 0, 0), served("busy", 30.0 * 22, 22 / 4)], 2, state, 22)
+    assert back.loads["busy"].tokens_per_second == pytest.approx(30.0)
+    assert back.loads["busy"].finished_per_second == pytest.approx(0.25)
+    # Not read for two windows (30 s): forgotten.
+    late = signal(s, [served("idle", 0, 0)], 2, state, 52)
+    assert "busy" not in late.loads and "busy" not in state.readings
+    # A pod whose counters went down restarted: no baseline.
+    signal(s, [served("r", 100, 10)], 1, state, 54)
+    assert signal(s, [served("r", 5, 1)], 1, state, 56).loads["r"] == PodLoad(0, 0)

@@ -41,6 +41,20 @@ vllm:e2e_request_latency_seconds_count{engine="0",model_name="m"} 10.0
 # TYPE vllm:request_queue_time_seconds histogram
 vllm:request_queue_time_seconds_sum{engine="0",model_name="m"} 0.25
 vllm:request_queue_time_seconds_count{engine="0",model_name="m"} 10.0
+# HELP vllm:prompt_tokens Number of prefill tokens processed.
+# TYPE vllm:prompt_tokens counter
+vllm:prompt_tokens_total{engine="0",model_name="m"} 160.0
+vllm:prompt_tokens_total{engine="1",model_name="m"} 32.0
+vllm:prompt_tokens_created{engine="0",model_name="m"} 1.7e9
+# HELP vllm:generation_tokens Number of generation tokens processed.
+# TYPE vllm:generation_tokens counter
+vllm:generation_tokens_total{engine="0",model_name="m"} 640.0
+vllm:generation_tokens_total{engine="1",model_name="m"} 128.0
+# HELP vllm:request_success Count of successfully processed requests.
+# TYPE vllm:request_success counter
+vllm:request_success_total{engine="0",finished_reason="length",model_name="m"} 9.0
+vllm:request_success_total{engine="0",finished_reason="stop",model_name="m"} 1.0
+vllm:request_success_total{engine="1",finished_reason="length",model_name="m"} 2.0
 """
 
 
@@ -50,6 +64,14 @@ def test_engines_are_summed_and_kv_usage_averaged() -> None:
     assert (r.e2e_seconds, r.queue_seconds) == (7.5, 0.25)
     assert r.kv_cache_usage == pytest.approx(0.375)
     assert r.ttft == ((0.1, 5.0), (1.0, 10.0), (float("inf"), 12.0))
+    # Counters: prompt and generated tokens together, requests of every finish reason; the
+    # _created samples are not counts.
+    assert (r.tokens, r.finished) == (960.0, 12.0)
+
+
+def test_a_server_without_the_counters_reads_none_not_zero() -> None:
+    r = parse_metrics("p", "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n")
+    assert (r.tokens, r.finished) == (None, None)
 
 
 def test_text_without_vllms_gauges_is_refused() -> None:

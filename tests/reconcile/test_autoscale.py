@@ -42,7 +42,19 @@ class FakeMetrics:
         return self.by_ip[ip]
 
 
-def _pod(api: RecordingCluster, name: str, ip: str, *, ready: bool = True) -> None:
+def _served(tokens: float, finished: float, e2e: float) -> str:
+    """A pod's /metrics whose gauges read 0, with its counters and latency sum."""
+    return _metrics(running=0) + (
+        f'vllm:e2e_request_latency_seconds_sum{{engine="0"}} {e2e}\n'
+        f'vllm:prompt_tokens_total{{engine="0"}} {tokens / 2}\n'
+        f'vllm:generation_tokens_total{{engine="0"}} {tokens / 2}\n'
+        f'vllm:request_success_total{{engine="0",finished_reason="length"}} {finished}\n'
+    )
+
+
+def _pod(
+    api: RecordingCluster, name: str, ip: str, *, ready: bool = True, created: str | None = None
+) -> None:
     api.put(
         {
             "apiVersion": "v1",
@@ -52,6 +64,7 @@ def _pod(api: RecordingCluster, name: str, ip: str, *, ready: bool = True) -> No
                 "namespace": "team-a",
                 "uid": f"uid-{name}",
                 "labels": {"inference.vllm-operator.dev/inference-service": "chat"},
+                **({"creationTimestamp": created} if created else {}),
             },
             "status": {
                 "podIP": ip,
@@ -133,7 +146,8 @@ async def test_scale_down_waits_sets_deletion_costs_and_removes_one_pod_per_peri
         name: api.objects[("v1", "Pod", "team-a", name)]["metadata"]["annotations"][COST]
         for name in ("chat-0", "chat-1", "chat-2")
     }
-    assert costs == {"chat-0": "0", "chat-1": "100", "chat-2": "0"}
+    # Ranks: the pod holding a request highest; the two idle ones by name (no timestamps).
+    assert costs == {"chat-0": "0", "chat-1": "2", "chat-2": "1"}
     # Costs are patched before the scale subresource.
     patches = [c for c in api.calls if c[0] == "patch"]
     assert patches[-1] == ("patch", "InferenceService/scale", "chat")
@@ -144,6 +158,42 @@ async def test_scale_down_waits_sets_deletion_costs_and_removes_one_pod_per_peri
     clock.t += 5
     await _read(api, states, m, clock)
     assert _replicas(api) == 1
+
+
+def _cost(api: RecordingCluster, name: str) -> int:
+    return int(api.objects[("v1", "Pod", "team-a", name)]["metadata"]["annotations"][COST])
+
+
+@pytest.mark.parametrize("missed", [None, 1028.0, 1030.0])
+async def test_the_pod_that_served_over_the_window_is_kept_on_scale_down(
+    missed: float | None,
+) -> None:
+    """e2e/test_autoscale.py's scale-down, at the boundary we own: two pods, the newer one
+    busy, the older idle, and vLLM's gauges reading 0 at every scrape. The busy pod's
+    scrape fails once, just before the decision (its history was dropped: its next load
+    came from the gauges alone, 0) or at it (no load: cost 0); or nothing fails but its
+    requests are short (20 tokens, 15 ms, one every 4 s: 0.004 requests in the server on
+    average, 0 in the old cost of 100 * requests). Each way the costs tied at 0, or the busy
+    pod's was the lower, and the ReplicaSet removed the newer, busy pod. The older, idle
+    pod must go."""
+    api, m, clock, states = RecordingCluster(), FakeMetrics(), Clock(), {}
+    _service(api, 2, target="3", periodSeconds=2, scaleDownWindowSeconds=30)
+    _pod(api, "chat-old", "10.0.0.1", created="2026-01-01T00:00:00Z")
+    _pod(api, "chat-new", "10.0.0.2", created="2026-01-01T00:05:00Z")
+    m.by_ip["10.0.0.1"] = _served(tokens=500, finished=40, e2e=30)
+    while True:
+        served = (clock.t - 1000) // 4
+        m.by_ip["10.0.0.2"] = _served(tokens=20 * served, finished=served, e2e=0.015 * served)
+        if clock.t == missed:
+            del m.by_ip["10.0.0.2"]  # refuses the connection this once
+        await _read(api, states, m, clock)
+        if _replicas(api) == 1:
+            break
+        assert clock.t < 1040, "no scale-down"
+        clock.t += 2
+    assert clock.t == 1030  # the whole scale-down window after the first reading
+    assert _cost(api, "chat-old") < _cost(api, "chat-new")
+    assert {_cost(api, "chat-old"), _cost(api, "chat-new")} == {0, 1}
 
 
 async def test_a_running_benchmark_holds_scale_down_and_says_which() -> None:

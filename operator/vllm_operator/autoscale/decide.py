@@ -12,7 +12,9 @@ The same rules as the HPA controller, so a service behaves alike in both modes:
   scale-down the highest of the scale-down window;
 - rates: at most ``scaleUpPods`` added and ``scaleDownPods`` removed per period;
 - bounds: min and max replicas;
-- a scale-down is held while a benchmark of the service runs (scale-up is not).
+- a scale-down is held while a benchmark of the service runs (scale-up is not);
+- the pods that served the least over the averaging window get the lowest deletion costs
+  (``deletion_costs``), so the ReplicaSet removes them first.
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ class ScalerState:
     changes: list[tuple[float, int]] = field(default_factory=list)
     # Each pod's recent readings with their times, oldest first: the last one is the
     # baseline for histogram deltas, the oldest (about one averaging window back) the
-    # baseline for the requests-in-server averages.
+    # baseline for the requests-in-server averages and the served rates. A pod that was
+    # not read this time keeps its history for two windows (one missed reading at least).
     readings: dict[str, list[tuple[float, PodReading]]] = field(default_factory=dict)
 
     @classmethod
@@ -70,8 +73,8 @@ class ScalerState:
 
 @dataclass(frozen=True)
 class Signal:
-    """The signal's value (None: nothing to read), the raw recommendation, and each read
-    pod's load (for the deletion costs)."""
+    """The signal's value (None: nothing to read), the raw recommendation, and the load of
+    each pod read now or within the last two windows (for the deletion costs)."""
 
     value: float | None
     recommendation: int | None
@@ -102,14 +105,32 @@ def _remember(
     history: list[tuple[float, PodReading]], now: float, reading: PodReading, window: float
 ) -> list[tuple[float, PodReading]]:
     """The pod's history with this reading added, keeping the newest reading at least
-    ``window`` old (the averages' baseline) and everything after it. A server whose sums
-    went down restarted: its history starts again."""
+    ``window`` old (the averages' baseline) and everything after it. A server whose
+    counters went down restarted: its history starts again."""
     if history and restarted(reading, history[-1][1]):
         history = []
     history = [*history, (now, reading)]
     while len(history) > 2 and history[1][0] <= now - window:
         history.pop(0)
     return history
+
+
+def _window_load(history: list[tuple[float, PodReading]], window: float) -> PodLoad:
+    """A pod's load from its remembered readings: its last reading against the oldest, over
+    that span or ``window``, whichever is longer."""
+    last_t, last = history[-1]
+    if len(history) == 1:
+        return load(last, None, 0)
+    first_t, first = history[0]
+    # The gauges too are averaged over the readings since the baseline: a snapshot that
+    # caught a short request is one reading among several, not the signal.
+    since = [h for _, h in history[1:]]
+    smoothed = replace(
+        last,
+        running=sum(h.running for h in since) / len(since),
+        waiting=sum(h.waiting for h in since) / len(since),
+    )
+    return load(smoothed, first, max(last_t - first_t, window))
 
 
 def signal(
@@ -127,7 +148,11 @@ def signal(
     would read as several in flight (a 6 s request ending in a 2 s period: 3). Over 15 s
     it reads as 0.4. A pod read for less than that is averaged over the full 15 s
     (biased low while it is new, never spiking). The request gauges are averaged over the
-    same readings, so both sides of the larger-of are 15 s averages."""
+    same readings, so both sides of the larger-of are 15 s averages.
+
+    A pod not read this time (its scrape failed) keeps its history for two windows, so a
+    failed scrape neither drops its baseline (its next reading would have only the gauges)
+    nor leaves it out of the deletion costs: its load is the one of its last reading."""
     target = float(spec.target)
     window = _average_seconds(spec)
     before = state.readings
@@ -138,19 +163,11 @@ def signal(
     for r in readings:
         history = _remember(before.get(r.pod, []), now, r, window)
         state.readings[r.pod] = history
-        first_t, first = history[0]
-        if len(history) == 1:
-            loads[r.pod] = load(r, None, 0)
-        else:
-            # The gauges too are averaged over the readings since the baseline: a snapshot
-            # that caught a short request is one reading among several, not the signal.
-            since = [h for _, h in history[1:]]
-            smoothed = replace(
-                r,
-                running=sum(h.running for h in since) / len(since),
-                waiting=sum(h.waiting for h in since) / len(since),
-            )
-            loads[r.pod] = load(smoothed, first, max(now - first_t, window))
+        loads[r.pod] = _window_load(history, window)
+    for pod, history in before.items():
+        if pod not in state.readings and history and history[-1][0] > now - 2 * window:
+            state.readings[pod] = history
+            loads[pod] = _window_load(history, window)
     n = len(readings)
     if spec.metric in PER_POD_METRICS:
         if not readings:
@@ -245,8 +262,22 @@ def decide(
     return Decision(current, "Steady", f"{about}: {current} replicas.")
 
 
-def deletion_costs(loads: dict[str, PodLoad]) -> dict[str, int]:
-    """Pod deletion cost (controller.kubernetes.io/pod-deletion-cost) from the requests each
-    pod holds: the ReplicaSet removes the lowest cost first, so the least loaded go first.
-    Scaled by 100 so that 0.4 and 0.1 requests in flight still rank apart."""
-    return {pod: round(100 * pod_load.in_flight) for pod, pod_load in loads.items()}
+def _served(pod_load: PodLoad) -> tuple[float, float, float]:
+    return (pod_load.tokens_per_second, pod_load.finished_per_second, pod_load.in_flight)
+
+
+def deletion_costs(loads: dict[str, PodLoad], created: dict[str, str]) -> dict[str, int]:
+    """Pod deletion costs (controller.kubernetes.io/pod-deletion-cost) for the pods in
+    ``created`` (name → creationTimestamp): the ReplicaSet removes the lowest cost first.
+
+    The pods are ranked by what they served over the averaging window: tokens per second
+    (prompt and generated), then requests finished per second, then the requests they hold
+    (running and waiting, averaged); a pod with no load known (not read in the last two
+    windows) ranks above every pod read, since it may be the busiest. Equal pods: the
+    newer goes first (the ReplicaSet's own preference), then the name in order. The costs
+    are the ranks, 0 for the pod to remove first, so no two are equal and the ReplicaSet
+    never falls back on its own tie-break among Ready pods."""
+    order = sorted(created)
+    order.sort(key=created.__getitem__, reverse=True)  # stable: newer first, then by name
+    order.sort(key=lambda pod: (0, *_served(loads[pod])) if pod in loads else (1, 0, 0, 0))
+    return {pod: rank for rank, pod in enumerate(order)}

@@ -15,6 +15,11 @@ summed latency of the requests that finished, divided by the time
 sum gives the waiting part). The autoscaler takes the larger of the gauge and that average
 (``decide.signal`` averages the gauges over the same readings), so a long request still
 running counts as well.
+
+Which pod goes on a scale-down is chosen from what each pod served over the same readings:
+the counters ``vllm:prompt_tokens_total`` and ``vllm:generation_tokens_total`` (vLLM adds
+to them at every engine step, so no request between two readings is missed, however short,
+and a long one counts while it runs) and ``vllm:request_success_total``, as rates.
 """
 
 from __future__ import annotations
@@ -31,6 +36,12 @@ KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
 TTFT = "vllm:time_to_first_token_seconds"
 E2E_SUM = "vllm:e2e_request_latency_seconds_sum"
 QUEUE_SUM = "vllm:request_queue_time_seconds_sum"
+# Counters (the samples' names: the families are vllm:prompt_tokens and so on).
+PROMPT_TOKENS = "vllm:prompt_tokens_total"
+GENERATION_TOKENS = "vllm:generation_tokens_total"
+REQUESTS_FINISHED = "vllm:request_success_total"
+_TOKENS = (PROMPT_TOKENS, GENERATION_TOKENS)
+_COUNTERS = (*_TOKENS, REQUESTS_FINISHED)
 
 # Cumulative histogram: (upper bound, cumulative count), sorted, ending with +Inf.
 Buckets = tuple[tuple[float, float], ...]
@@ -48,15 +59,22 @@ class PodReading:
     # Summed seconds that finished requests spent in the server, and queued (counters).
     e2e_seconds: float = 0.0
     queue_seconds: float = 0.0
+    # Tokens processed (prompt and generated) and requests finished, counters since the
+    # server started; None when the server does not report them.
+    tokens: float | None = None
+    finished: float | None = None
 
 
 @dataclass(frozen=True)
 class PodLoad:
-    """Requests running and waiting in one pod: the larger of the gauges and the
-    average since a baseline reading."""
+    """One pod's load: requests running and waiting (the larger of the gauges and the
+    average since a baseline reading), and what it served since that baseline, per second
+    (0 without a baseline, or when the server does not report it)."""
 
     running: float
     waiting: float
+    tokens_per_second: float = 0.0
+    finished_per_second: float = 0.0
 
     @property
     def in_flight(self) -> float:
@@ -64,9 +82,24 @@ class PodLoad:
         return self.running + self.waiting
 
 
+def _went_down(now: float | None, before: float | None) -> bool:
+    return now is not None and before is not None and now < before
+
+
 def restarted(now: PodReading, before: PodReading) -> bool:
-    """Whether the server restarted between two readings: its summed seconds went down."""
-    return now.e2e_seconds < before.e2e_seconds or now.queue_seconds < before.queue_seconds
+    """Whether the server restarted between two readings: a counter went down."""
+    return (
+        now.e2e_seconds < before.e2e_seconds
+        or now.queue_seconds < before.queue_seconds
+        or _went_down(now.tokens, before.tokens)
+        or _went_down(now.finished, before.finished)
+    )
+
+
+def _rate(now: float | None, before: float | None, seconds: float) -> float:
+    if now is None or before is None:
+        return 0.0
+    return (now - before) / seconds
 
 
 def load(now: PodReading, before: PodReading | None, seconds: float) -> PodLoad:
@@ -78,6 +111,8 @@ def load(now: PodReading, before: PodReading | None, seconds: float) -> PodLoad:
     return PodLoad(
         max(now.running, (in_server - queued) / seconds),
         max(now.waiting, queued / seconds),
+        tokens_per_second=_rate(now.tokens, before.tokens, seconds),
+        finished_per_second=_rate(now.finished, before.finished, seconds),
     )
 
 
@@ -89,6 +124,7 @@ def parse_metrics(pod: str, text: str) -> PodReading:
     """Read one pod's /metrics text. Raises MetricsError when it lacks vLLM's gauges."""
     gauges: dict[str, list[float]] = defaultdict(list)
     sums: dict[str, float] = defaultdict(float)
+    counters: dict[str, float] = defaultdict(float)
     buckets: dict[float, float] = defaultdict(float)
     try:
         families = list(text_string_to_metric_families(text))
@@ -102,6 +138,8 @@ def parse_metrics(pod: str, text: str) -> PodReading:
                 buckets[float(sample.labels["le"])] += float(sample.value)
             elif sample.name in (E2E_SUM, QUEUE_SUM):
                 sums[sample.name] += float(sample.value)
+            elif sample.name in _COUNTERS:
+                counters[sample.name] += float(sample.value)
     if RUNNING not in gauges or WAITING not in gauges:
         raise MetricsError(f"no {RUNNING} / {WAITING} in the metrics")
     kv = gauges.get(KV_CACHE_USAGE, [0.0])
@@ -113,6 +151,8 @@ def parse_metrics(pod: str, text: str) -> PodReading:
         ttft=tuple(sorted(buckets.items())),
         e2e_seconds=sums[E2E_SUM],
         queue_seconds=sums[QUEUE_SUM],
+        tokens=sum(counters[c] for c in _TOKENS) if any(c in counters for c in _TOKENS) else None,
+        finished=counters.get(REQUESTS_FINISHED),
     )
 
 

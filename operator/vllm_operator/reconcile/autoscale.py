@@ -3,9 +3,9 @@
 Operator mode: read each Ready pod's /metrics, decide with the HPA's rules
 (vllm_operator.autoscale.decide), and set ``spec.replicas`` through the scale
 subresource, under a field manager of its own. Before a scale-down, each pod's deletion
-cost is set from the requests it holds, so the ReplicaSet removes the least loaded pods;
-the pods then drain (preStop delay, vLLM's --shutdown-timeout). Scale-down is held while a
-benchmark of the service runs.
+cost is set from what it served over the averaging window (``decide.deletion_costs``), so
+the ReplicaSet removes the least loaded pods; the pods then drain (preStop delay, vLLM's
+--shutdown-timeout). Scale-down is held while a benchmark of the service runs.
 
 HPA mode: the reconcile renders the HorizontalPodAutoscaler; this only copies its view
 (current value, desired replicas) into status.autoscaling.
@@ -103,12 +103,10 @@ async def _write(api: ClusterAPI, body: Manifest, autoscaling: AutoscalingStatus
 
 
 async def _set_deletion_costs(api: ClusterAPI, pods: list[Manifest], sig: Signal) -> None:
-    costs = deletion_costs(sig.loads)
-    for pod in pods:
-        meta = pod["metadata"]
-        if meta.get("deletionTimestamp"):
-            continue
-        cost = str(costs.get(meta["name"], 0))
+    live = [p["metadata"] for p in pods if not p["metadata"].get("deletionTimestamp")]
+    costs = deletion_costs(sig.loads, {m["name"]: m.get("creationTimestamp", "") for m in live})
+    for meta in live:
+        cost = str(costs[meta["name"]])
         if (meta.get("annotations") or {}).get(ANNOTATION_DELETION_COST) == cost:
             continue
         await api.patch(
