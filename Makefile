@@ -23,7 +23,7 @@ venv: $(VENV)/.installed ## Create the Python virtual environment with the dev t
 
 .PHONY: binaries
 binaries: ## Build (or reuse from the cache) the control-plane binaries.
-	bash e2e/cluster/build.sh >/dev/null
+	bash devenv/cluster/build.sh >/dev/null
 
 .PHONY: vllm
 vllm: ## Install (or reuse from the cache) the real CPU vLLM the data-plane tests use.
@@ -35,11 +35,11 @@ node-deps: ## Install the real node's Debian packages (podman, runc, CNI plugins
 
 .PHONY: node-binaries
 node-binaries: binaries ## Build (or reuse) kubelet, kube-proxy, containerd, CoreDNS, crictl.
-	bash e2e/cluster/build-node.sh >/dev/null
+	bash devenv/cluster/build-node.sh >/dev/null
 
 .PHONY: images
 images: venv node-deps binaries vllm ## Build (or reuse) the images the real node runs (operator, CPU vLLM, pause).
-	$(PY) -m e2e.cluster.images build
+	$(PY) -m devenv.cluster.images build
 
 .PHONY: setup
 setup: venv binaries vllm node-deps node-binaries images ## Everything the tests need: venv, binaries, CPU vLLM, the real node and its images.
@@ -77,15 +77,15 @@ test-e2e: setup ## Run the cluster tier only.
 
 .PHONY: lint
 lint: venv ## ruff, mypy --strict and the import-layer contracts.
-	$(BIN)/ruff check operator tests e2e
-	$(BIN)/ruff format --check operator tests e2e
+	$(BIN)/ruff check operator tests e2e devenv
+	$(BIN)/ruff format --check operator tests e2e devenv
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
 .PHONY: format
 format: venv ## Format the code with ruff.
-	$(BIN)/ruff format operator tests e2e
-	$(BIN)/ruff check --fix operator tests e2e
+	$(BIN)/ruff format operator tests e2e devenv
+	$(BIN)/ruff check --fix operator tests e2e devenv
 
 .PHONY: generate
 generate: venv ## Regenerate every generated file (CRDs and the chart's copy, docs/reference.md, Argo CD's patch).
@@ -100,20 +100,20 @@ verify: lint ## Lint, and check that every generated file is current (scripts/ge
 
 .PHONY: cluster-up
 cluster-up: setup ## Start the local cluster: control plane, kwok's fake nodes and one real node.
-	$(PY) -m e2e.cluster up
+	$(PY) -m devenv.cluster up
 
 .PHONY: cluster-down
 cluster-down: venv ## Stop the local cluster (the operator of `make dev` with it); undo the node's host changes.
-	$(PY) -m e2e.dev down
-	$(PY) -m e2e.cluster down
+	$(PY) -m devenv.dev down
+	$(PY) -m devenv.cluster down
 
 .PHONY: dev
 dev: setup ## Local cluster + CRDs + the operator's chart (a pod) + the sample InferenceService, until Ready.
-	$(PY) -m e2e.dev up
+	$(PY) -m devenv.dev up
 
 .PHONY: chart
 chart: generate ## Regenerate the chart's copy of the CRDs (with everything else), then lint the chart.
-	"$$(bash e2e/cluster/build.sh)/helm" lint --strict charts/vllm-operator --kube-version 1.36.3
+	"$$(bash devenv/cluster/build.sh)/helm" lint --strict charts/vllm-operator --kube-version 1.36.3
 
 .PHONY: docs
 docs: generate ## Regenerate docs/reference.md and deploy/argocd/argocd-cm-patch.yaml (with everything else).

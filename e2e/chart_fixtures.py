@@ -24,14 +24,14 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.cluster.cluster import ClusterHandle, Settings, down, up
+from devenv.cluster.cluster import ClusterHandle, Settings, down, up
 from e2e.operator_fixtures import REPO
 
 CHART = REPO / "charts" / "vllm-operator"
 RELEASE = "vllm-op"
 RELEASE_NAMESPACE = "vllm-operator-system"
 SERVICE_ACCOUNT = f"{RELEASE}-vllm-operator"
-# Every default port of e2e/cluster plus this offset: beside the shared cluster.
+# Every default port of devenv/cluster plus this offset: beside the shared cluster.
 # +5000 keeps every port below 32768, out of Linux's ephemeral range (32768-60999), where
 # an outgoing connection may hold the port at the moment etcd wants to bind it.
 PORT_OFFSET = int(os.environ.get("VLLM_OP_HELM_PORT_OFFSET", "5000"))
@@ -134,7 +134,7 @@ class Release:
     namespace: str
 
     def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        assert self.cluster.helm_path is not None, "helm was not built (e2e/cluster/build.sh)"
+        assert self.cluster.helm_path is not None, "helm was not built (devenv/cluster/build.sh)"
         proc = subprocess.run(
             [str(self.cluster.helm_path), f"--kubeconfig={self.cluster.kubeconfig}", *args],
             capture_output=True,

@@ -1,6 +1,6 @@
 """Fixtures of the cluster tier: the control plane, a namespace per test, and diagnostics.
 
-`cluster` (session) starts the local control plane of `e2e.cluster`, or reuses one that
+`cluster` (session) starts the local control plane of `devenv.cluster`, or reuses one that
 is already running, and yields a `ClusterHandle`. A guard keeps the suite off clusters
 that are not ours: if `KUBECONFIG` names anything but the local cluster, the session
 stops unless `VLLM_OP_E2E_USE_EXISTING=1` says to use that cluster as it is (kind, say).
@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from e2e.cluster.cluster import (
+from devenv.cluster.cluster import (
     CLUSTER_NAME,
     COMPONENTS,
     ClusterError,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.cluster.cluster import ClusterHandle
+from devenv.cluster.cluster import ClusterHandle
 
 REPO = Path(__file__).parents[1]
 

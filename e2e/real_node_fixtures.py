@@ -1,4 +1,4 @@
-"""Fixtures of the tests that run on the real node (e2e/cluster/node.py).
+"""Fixtures of the tests that run on the real node (devenv/cluster/node.py).
 
 - ``real_images`` (session): the images of this tree, built if changed and imported into
   the running node; the tests skip, saying why, when the cluster has no real node.
@@ -23,10 +23,10 @@ from typing import Any
 
 import pytest
 
-from e2e.cluster import node
-from e2e.cluster.cluster import ClusterHandle, wait_until
-from e2e.cluster.images import Images
-from e2e.dev import install_operator
+from devenv.cluster import node
+from devenv.cluster.cluster import ClusterHandle, wait_until
+from devenv.cluster.images import Images
+from devenv.dev import install_operator
 from e2e.operator_fixtures import OperatorProcess
 
 OPERATOR_NAMESPACE = "e2e-real-operator"

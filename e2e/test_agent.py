@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.cluster.cluster import ClusterHandle, wait_until
+from devenv.cluster.cluster import ClusterHandle, wait_until
 from vllm_operator.agent.manifests import agent_manifests
 from vllm_operator.agent.nvml import read_recorded_calls
 

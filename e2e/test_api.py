@@ -12,7 +12,7 @@ import pytest
 import yaml
 from tests.catalog import InvalidCase, invalid_cases
 
-from e2e.cluster.cluster import ClusterHandle
+from devenv.cluster.cluster import ClusterHandle
 
 REPO = Path(__file__).parents[1]
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))

@@ -23,9 +23,9 @@ from typing import Any
 
 import yaml
 
-from e2e.cluster import node
-from e2e.cluster.cluster import ClusterHandle
-from e2e.cluster.images import Images
+from devenv.cluster import node
+from devenv.cluster.cluster import ClusterHandle
+from devenv.cluster.images import Images
 from e2e.real_node_fixtures import ChartOperator
 from e2e.test_benchmark import _bench
 from e2e.test_operator import _condition, _get, _wait

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from e2e.cluster import node
-from e2e.cluster.cluster import ClusterHandle
-from e2e.cluster.images import Images
+from devenv.cluster import node
+from devenv.cluster.cluster import ClusterHandle
+from devenv.cluster.images import Images
 from e2e.real_node_fixtures import ChartOperator, PodOperator
 from e2e.test_operator import _condition, _get, _wait
 from e2e.test_warmup import _isvc

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.cluster.cluster import ClusterHandle
+from devenv.cluster.cluster import ClusterHandle
 from e2e.real_node_fixtures import ChartOperator, PodOperator
 
 # The scenario, collected again in this module against the pod.

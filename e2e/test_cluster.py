@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from e2e.cluster import nodes as fake_nodes
-from e2e.cluster.cluster import ClusterHandle, wait_until
+from devenv.cluster import nodes as fake_nodes
+from devenv.cluster.cluster import ClusterHandle, wait_until
 
 pytestmark = pytest.mark.cluster
 

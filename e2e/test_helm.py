@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
+from devenv.cluster.cluster import ClusterHandle
 from e2e.chart_fixtures import (  # noqa: F401  (fixtures, used by name)
     CHART,
     INSTALL_VALUES,
@@ -31,7 +32,6 @@ from e2e.chart_fixtures import (  # noqa: F401  (fixtures, used by name)
     service_account_kubeconfig,
     token_subject,
 )
-from e2e.cluster.cluster import ClusterHandle
 from e2e.test_operator import _isvc, _wait
 
 GROUP = "inference.vllm-operator.dev"

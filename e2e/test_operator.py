@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from e2e.cluster.cluster import ClusterHandle
+from devenv.cluster.cluster import ClusterHandle
 from e2e.operator_fixtures import OperatorProcess
 
 GROUP = "inference.vllm-operator.dev"

@@ -1,4 +1,4 @@
-"""The product in real containers under a real kubelet (e2e/cluster/node.py).
+"""The product in real containers under a real kubelet (devenv/cluster/node.py).
 
 What a simulated kubelet cannot show is shown here: the operator's image running as its
 own uid with a read-only root, installed by its chart and holding only the chart's
@@ -26,12 +26,12 @@ import httpx
 import pytest
 import yaml
 
-from e2e.cluster import node
-from e2e.cluster.cluster import ClusterHandle, wait_until
-from e2e.cluster.images import Images
-from e2e.dev import service_url
+from devenv.cluster import node
+from devenv.cluster.cluster import ClusterHandle, wait_until
+from devenv.cluster.images import Images
+from devenv.dev import service_url
+from devenv.vllm_server import Streams
 from e2e.real_node_fixtures import ChartOperator, operator_pod
-from e2e.vllm_server import Streams
 from vllm_operator.bench.archive import unpack
 from vllm_operator.constants import LABEL_SERVICE as SERVICE_LABEL
 from vllm_operator.constants import LABEL_WARMUP_FOR as WARMUP_LABEL

@@ -1,7 +1,7 @@
 """Warmup-gated readiness through the real kubelet, with the operator as the chart's pod
 (``chart_operator``) and misbehaving servers as the pods' containers.
 
-The servers are containers of the fault-server image (e2e/images/fault-server): the
+The servers are containers of the fault-server image (devenv/images/fault-server): the
 operator renders its usual ``vllm serve`` arguments, the image answers ``/health``
 (so the kubelet's probes pass) and generates in the mode the service's environment
 picks: ``ok``, ``slow`` (0.4 s to each first token, so a warmup takes a while) or
@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from e2e.cluster import node
-from e2e.cluster.cluster import ClusterHandle, wait_until
-from e2e.cluster.images import Images
+from devenv.cluster import node
+from devenv.cluster.cluster import ClusterHandle, wait_until
+from devenv.cluster.images import Images
 from e2e.real_node_fixtures import ChartOperator
 from e2e.test_operator import _condition
 from vllm_operator.constants import GROUP, LABEL_SERVICE, LABEL_WARMUP_FOR

@@ -611,7 +611,7 @@ def main(argv: list[str] | None = None) -> int:
             raw.write_text(json.dumps(merged, indent=1) + "\n")
         return 0
 
-    from e2e.vllm_server import find_vllm_python, tiny_model
+    from devenv.vllm_server import find_vllm_python, tiny_model
 
     vllm_python = args.vllm_python or (str(p) if (p := find_vllm_python()) else None)
     tokenizer = args.tokenizer

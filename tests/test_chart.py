@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 import yaml
-from e2e.cluster.cluster import resolve_binaries
-from e2e.vllm_fixtures import (  # noqa: F401  (fixtures of the vllm-marked test, used by name)
+
+from devenv.cluster.cluster import resolve_binaries
+from devenv.vllm_fixtures import (  # noqa: F401  (fixtures of the vllm-marked test, used by name)
     _vllm_one_server,
     tiny_models,
     vllm_log_dir,
@@ -23,7 +24,6 @@ from e2e.vllm_fixtures import (  # noqa: F401  (fixtures of the vllm-marked test
     vllm_server,
     vllm_servers,
 )
-
 from vllm_operator.agent.manifests import agent_manifests
 from vllm_operator.cli import crd_files
 from vllm_operator.models.base import Manifest
@@ -32,7 +32,7 @@ from vllm_operator.settings import OperatorSettings
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "charts" / "vllm-operator"
-KUBE_VERSION = "1.36.3"  # e2e/cluster/versions.env
+KUBE_VERSION = "1.36.3"  # devenv/cluster/versions.env
 
 # Every optional part on, for "full values".
 FULL: dict[str, str] = {
@@ -483,7 +483,7 @@ def ksm_metric_names() -> set[str]:
 def vllm_metric_names() -> set[str]:
     """Metric series the installed CPU vLLM registers, read from its source (the
     vllm-marked test below scrapes a running server for the same names)."""
-    from e2e.vllm_server import find_vllm_python
+    from devenv.vllm_server import find_vllm_python
 
     python = find_vllm_python()
     if python is None:
@@ -547,7 +547,7 @@ def test_the_slo_choices_are_bucket_bounds_of_vllms_histograms() -> None:
         values = [float(o["value"]) for o in variables[var]["options"]]
         assert values == sorted(values) and values
     # vLLM 0.32's TTFT and inter-token buckets (vllm/v1/metrics/buckets.py) contain these.
-    from e2e.vllm_server import find_vllm_python
+    from devenv.vllm_server import find_vllm_python
 
     python = find_vllm_python()
     if python is None:

@@ -16,9 +16,9 @@ from collections import defaultdict
 
 import httpx
 import pytest
-from e2e.vllm_server import OneServer
 from prometheus_client.parser import text_string_to_metric_families
 
+from devenv.vllm_server import OneServer
 from vllm_operator.bench import timing
 from vllm_operator.bench.run import RunOptions, run_benchmark
 from vllm_operator.bench.stats import Summary

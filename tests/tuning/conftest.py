@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from e2e.vllm_fixtures import (  # noqa: F401  (fixtures, used by name)
+from devenv.vllm_fixtures import (  # noqa: F401  (fixtures, used by name)
     _vllm_one_server,
     tiny_models,
     vllm_log_dir,

@@ -27,8 +27,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from e2e.vllm_server import OneServer
 
+from devenv.vllm_server import OneServer
 from tests.tuning.helpers import as_plan, gpus, model, workload
 from vllm_operator.tuning.architecture import from_config
 from vllm_operator.tuning.memory import CPU_BLOCK_SIZE, GIB, dtype_bytes, kv_cache_capacity

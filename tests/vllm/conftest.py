@@ -1,6 +1,6 @@
-"""Tests of the real CPU vLLM helper (``e2e.vllm_server``)."""
+"""Tests of the real CPU vLLM helper (``devenv.vllm_server``)."""
 
-from e2e.vllm_fixtures import (  # noqa: F401  (fixtures, used by name)
+from devenv.vllm_fixtures import (  # noqa: F401  (fixtures, used by name)
     _vllm_one_server,
     tiny_models,
     vllm_log_dir,

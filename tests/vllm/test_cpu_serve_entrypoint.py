@@ -1,4 +1,4 @@
-"""The CPU serving image's ``vllm`` (``e2e/images/vllm-cpu``) against the real vLLM 0.32.
+"""The CPU serving image's ``vllm`` (``devenv/images/vllm-cpu``) against the real vLLM 0.32.
 
 The image stands in for ``vllm/vllm-openai`` in the test cluster, so what matters is that a
 pod fails or runs there as it would on a GPU node: vLLM's own parser judges the arguments
@@ -27,12 +27,12 @@ from typing import Any
 
 import pytest
 import yaml
-from e2e.vllm_server import OneServer, VllmServer
 
+from devenv.vllm_server import OneServer, VllmServer
 from tests.specs import GOLDEN_CASES, isvc, plan_for
 from vllm_operator.render.deployment import DRAIN_SECONDS, build_deployment
 
-IMAGE_DIR = Path(__file__).parents[2] / "e2e" / "images" / "vllm-cpu"
+IMAGE_DIR = Path(__file__).parents[2] / "devenv" / "images" / "vllm-cpu"
 SCRIPT = IMAGE_DIR / "vllm_serve.py"
 SHIM = IMAGE_DIR / "vllm"
 GOLDEN = Path(__file__).parents[1] / "golden"

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-from e2e.vllm_server import OneServer, Streams
 
+from devenv.vllm_server import OneServer, Streams
 from vllm_operator.render.deployment import DRAIN_SECONDS
 
 TOKENS = 1200

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from e2e import vllm_server as server_module
-from e2e.vllm_server import (
+
+from devenv import vllm_server as server_module
+from devenv.vllm_server import (
     TINY_MODELS,
     OneServer,
     VllmServer,

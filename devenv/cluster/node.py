@@ -50,11 +50,11 @@ from typing import TYPE_CHECKING, Any, Final
 
 import yaml
 
-from e2e.cluster import images
-from e2e.cluster import nodes as fake_nodes
+from devenv.cluster import images
+from devenv.cluster import nodes as fake_nodes
 
 if TYPE_CHECKING:
-    from e2e.cluster.cluster import ClusterHandle, Settings
+    from devenv.cluster.cluster import ClusterHandle, Settings
 
 HERE = Path(__file__).resolve().parent
 BUILD_SCRIPT = HERE / "build-node.sh"
@@ -467,7 +467,7 @@ def _argv(name: str, settings: Settings, layout: Layout, bin_dir: Path) -> list[
 
 
 def health(name: str) -> tuple[bool, str]:
-    from e2e.cluster.cluster import _http_ok
+    from devenv.cluster.cluster import _http_ok
 
     if name == "kubelet":
         return _http_ok(f"http://127.0.0.1:{KUBELET_HEALTHZ_PORT}/healthz")
@@ -512,7 +512,7 @@ def prepare(settings: Settings) -> Path:
 
 def start(settings: Settings, handle: ClusterHandle, bin_dir: Path) -> None:
     """After the control plane is healthy: every node component, then the node Ready."""
-    from e2e.cluster.cluster import _say, _start, wait_until, write_kubeconfig
+    from devenv.cluster.cluster import _say, _start, wait_until, write_kubeconfig
 
     layout = Layout.of(settings)
     pause = images.build_all().pause
@@ -600,7 +600,7 @@ def start(settings: Settings, handle: ClusterHandle, bin_dir: Path) -> None:
 
 
 def _wait_healthy_node(settings: Settings, name: str, pidfile: Any) -> None:
-    from e2e.cluster.cluster import _log_tail
+    from devenv.cluster.cluster import _log_tail
 
     deadline = time.monotonic() + settings.timeout_s
     last = ""
@@ -638,7 +638,7 @@ def built_images(settings: Settings) -> images.Images | None:
 
 
 def running(settings: Settings) -> dict[str, bool]:
-    from e2e.cluster import cluster
+    from devenv.cluster import cluster
 
     return cluster.running(settings, COMPONENTS)
 
@@ -667,7 +667,7 @@ def kill_container(settings: Settings, container_id: str) -> None:
 
 def stop(settings: Settings, *, quiet: bool = False) -> None:
     """Stops the node and undoes what it changed on the host; idempotent."""
-    from e2e.cluster.cluster import _say, _stop
+    from devenv.cluster.cluster import _say, _stop
 
     layout = Layout.of(settings)
     if _stop(settings, "kubelet") and not quiet:

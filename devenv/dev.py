@@ -1,6 +1,6 @@
 """``make dev``: the whole thing on this machine, in one command, in real containers.
 
-Starts (or reuses) the local control plane with its real node (e2e/cluster/node.py),
+Starts (or reuses) the local control plane with its real node (devenv/cluster/node.py),
 builds (or reuses) the images, installs the operator **with its Helm chart, as a pod from
 its own image**, applies the sample InferenceService and waits until it is Ready: its vLLM
 runs in a container from the CPU serving image with exactly the arguments the operator
@@ -21,8 +21,8 @@ from typing import Any
 
 import yaml
 
-from e2e.cluster import node
-from e2e.cluster.cluster import ClusterError, ClusterHandle, Settings, up
+from devenv.cluster import node
+from devenv.cluster.cluster import ClusterError, ClusterHandle, Settings, up
 from vllm_operator.constants import LABEL_SERVICE as SERVICE_LABEL
 
 REPO = Path(__file__).parents[1]
@@ -203,12 +203,12 @@ def chat(cluster: ClusterHandle) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m e2e.dev", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m devenv.dev", description=__doc__)
     parser.add_argument("action", choices=["up", "down"], nargs="?", default="up")
     parser.add_argument("--timeout", type=int, default=420, help="seconds to wait for Ready")
     args = parser.parse_args(argv)
     if args.action == "down":
-        return 0  # the operator is a pod: `python -m e2e.cluster down` ends it with the rest
+        return 0  # the operator is a pod: `python -m devenv.cluster down` ends it with the rest
     return dev_up(args.timeout)
 
 

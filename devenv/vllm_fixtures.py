@@ -1,7 +1,7 @@
-"""Pytest fixtures for tests that need the real CPU vLLM (see ``e2e.vllm_server``).
+"""Pytest fixtures for tests that need the real CPU vLLM (see ``devenv.vllm_server``).
 
-Use them from a conftest (``from e2e.vllm_fixtures import *``) or register the module as a
-plugin (``pytest_plugins = ["e2e.vllm_fixtures"]`` in the root conftest).
+Use them from a conftest (``from devenv.vllm_fixtures import *``) or register the module as a
+plugin (``pytest_plugins = ["devenv.vllm_fixtures"]`` in the root conftest).
 
 - ``vllm_python``: the vLLM venv's python. When vLLM is not installed the test is skipped
   with the command that installs it, except under CI (``CI`` set), where it fails: CI runs
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.vllm_server import (
+from devenv.vllm_server import (
     TINY_MODELS,
     VLLM_CPU_SCRIPT,
     OneServer,

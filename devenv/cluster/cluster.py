@@ -12,7 +12,7 @@ says otherwise): certificates, etcd's data, kubeconfigs, a log per component and
 file per component. Each component runs in its own session, so `down` ends it and every
 process it started with one signal to its process group.
 
-    python -m e2e.cluster up | down | status | env
+    python -m devenv.cluster up | down | status | env
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ from typing import Any
 
 import yaml
 
-from e2e.cluster import node as real_node
-from e2e.cluster import nodes as fake_nodes
-from e2e.cluster import pki
+from devenv.cluster import node as real_node
+from devenv.cluster import nodes as fake_nodes
+from devenv.cluster import pki
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -809,14 +809,14 @@ def env_lines(settings: Settings | None = None) -> Iterator[str]:
     settings = settings or Settings.from_env()
     info = _read_info(settings)
     if info is None:
-        raise ClusterError(f"no cluster in {settings.state_dir}; run `python -m e2e.cluster up`")
+        raise ClusterError(f"no cluster in {settings.state_dir}; run `python -m devenv.cluster up`")
     yield f"export KUBECONFIG={settings.kubeconfig}"
     yield f'export PATH={info["bin_dir"]}:"$PATH"'
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m e2e.cluster",
+        prog="python -m devenv.cluster",
         description="Local Kubernetes control plane (etcd, apiserver, controller-manager, "
         "scheduler, kwok) for the cluster tests.",
     )

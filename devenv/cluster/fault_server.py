@@ -5,8 +5,8 @@ pod's container would, in one of the modes below: ``fail`` (every generation ans
 ``slow`` (every generation waits before its first token, so a warmup takes a while) or
 ``ok``. Two ways in:
 
-- ``python -m e2e.cluster.fault_server --host H --port P --mode M``, by hand;
-- ``vllm serve ARGS...`` of the fault-server image (e2e/images/fault-server) on the real
+- ``python -m devenv.cluster.fault_server --host H --port P --mode M``, by hand;
+- ``vllm serve ARGS...`` of the fault-server image (devenv/images/fault-server) on the real
   node: ARGS are the operator's rendered vLLM arguments, of which only ``--host`` and
   ``--port`` are read; the mode comes from ``$VLLM_FAULT_MODE`` (the InferenceService's
   ``spec.podTemplate.env``).
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["serve"]:
         args = _serve_args(argv[1:])
     else:
-        parser = argparse.ArgumentParser(prog="python -m e2e.cluster.fault_server")
+        parser = argparse.ArgumentParser(prog="python -m devenv.cluster.fault_server")
         parser.add_argument("--host", required=True)
         parser.add_argument("--port", type=int, default=8000)
         parser.add_argument("--mode", choices=sorted(MODES), required=True)

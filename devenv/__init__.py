@@ -1,0 +1,9 @@
+"""The development environment on this machine: what the test tiers and `make dev` run on.
+
+Not product code and not tests. `cluster/` is the local control plane (etcd, apiserver,
+controller-manager, scheduler, kwok's fake nodes, one real node; `python -m
+devenv.cluster`) and `images/` the build contexts of the images the real node runs;
+`dev.py` is `make dev`; `vllm_server.py` runs a real CPU vLLM as a local process and
+`vllm_fixtures.py` offers it to pytest. The unit tier (tests/) and the cluster tier
+(e2e/) both import from here; nothing here imports e2e.
+"""
