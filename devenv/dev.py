@@ -22,7 +22,9 @@ from typing import Any
 import yaml
 
 from devenv.cluster import node
-from devenv.cluster.cluster import ClusterError, ClusterHandle, Settings, up
+from devenv.cluster.cluster import ClusterHandle, up
+from devenv.cluster.processes import ClusterError
+from devenv.cluster.settings import Settings
 from vllm_operator.constants import LABEL_SERVICE as SERVICE_LABEL
 
 REPO = Path(__file__).parents[1]

@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 import yaml
 
-from devenv.cluster.cluster import ClusterHandle, Settings, down, up
+from devenv.cluster.cluster import ClusterHandle, down, up
+from devenv.cluster.settings import Settings
 from e2e.operator_fixtures import REPO
 
 CHART = REPO / "charts" / "vllm-operator"

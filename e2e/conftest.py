@@ -25,17 +25,11 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from devenv.cluster.cluster import (
-    CLUSTER_NAME,
-    COMPONENTS,
-    ClusterError,
-    ClusterHandle,
-    Settings,
-    join,
-    leave,
-    resolve_binaries,
-    up,
-)
+from devenv.cluster.cluster import ClusterHandle, join, leave, up
+from devenv.cluster.components import COMPONENTS
+from devenv.cluster.kubeconfig import CLUSTER_NAME
+from devenv.cluster.processes import ClusterError
+from devenv.cluster.settings import Settings, resolve_binaries
 
 # The operator's fixtures, registered once for the whole tier. Imported into several test
 # modules instead, a session fixture is one fixture per module (pytest keys a fixture by

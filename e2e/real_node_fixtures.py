@@ -24,8 +24,9 @@ from typing import Any
 import pytest
 
 from devenv.cluster import node
-from devenv.cluster.cluster import ClusterHandle, wait_until
+from devenv.cluster.cluster import ClusterHandle
 from devenv.cluster.images import Images
+from devenv.cluster.processes import wait_until
 from devenv.dev import install_operator
 from e2e.operator_fixtures import OperatorProcess
 

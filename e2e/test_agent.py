@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 import yaml
 
-from devenv.cluster.cluster import ClusterHandle, wait_until
+from devenv.cluster.cluster import ClusterHandle
+from devenv.cluster.processes import wait_until
 from vllm_operator.agent.manifests import agent_manifests
 from vllm_operator.agent.nvml import read_recorded_calls
 

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from devenv.cluster import nodes as fake_nodes
-from devenv.cluster.cluster import ClusterHandle, wait_until
+from devenv.cluster.cluster import ClusterHandle
+from devenv.cluster.processes import wait_until
 
 pytestmark = pytest.mark.cluster
 

@@ -27,8 +27,9 @@ import pytest
 import yaml
 
 from devenv.cluster import node
-from devenv.cluster.cluster import ClusterHandle, wait_until
+from devenv.cluster.cluster import ClusterHandle
 from devenv.cluster.images import Images
+from devenv.cluster.processes import wait_until
 from devenv.dev import service_url
 from devenv.vllm_server import Streams
 from e2e.real_node_fixtures import ChartOperator, operator_pod

@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 
 from devenv.cluster import node
-from devenv.cluster.cluster import ClusterHandle, wait_until
+from devenv.cluster.cluster import ClusterHandle
 from devenv.cluster.images import Images
+from devenv.cluster.processes import wait_until
 from e2e.real_node_fixtures import ChartOperator
 from e2e.test_operator import _condition
 from vllm_operator.constants import GROUP, LABEL_SERVICE, LABEL_WARMUP_FOR

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from devenv.cluster.cluster import resolve_binaries
+from devenv.cluster.settings import resolve_binaries
 from devenv.vllm_fixtures import (  # noqa: F401  (fixtures of the vllm-marked test, used by name)
     _vllm_one_server,
     tiny_models,

@@ -50,11 +50,13 @@ from typing import TYPE_CHECKING, Any, Final
 
 import yaml
 
-from devenv.cluster import images
+from devenv.cluster import images, processes
 from devenv.cluster import nodes as fake_nodes
+from devenv.cluster.kubeconfig import write_kubeconfig
 
 if TYPE_CHECKING:
-    from devenv.cluster.cluster import ClusterHandle, Settings
+    from devenv.cluster.cluster import ClusterHandle
+    from devenv.cluster.settings import Settings
 
 HERE = Path(__file__).resolve().parent
 BUILD_SCRIPT = HERE / "build-node.sh"
@@ -467,14 +469,12 @@ def _argv(name: str, settings: Settings, layout: Layout, bin_dir: Path) -> list[
 
 
 def health(name: str) -> tuple[bool, str]:
-    from devenv.cluster.cluster import _http_ok
-
     if name == "kubelet":
-        return _http_ok(f"http://127.0.0.1:{KUBELET_HEALTHZ_PORT}/healthz")
+        return processes.http_ok(f"http://127.0.0.1:{KUBELET_HEALTHZ_PORT}/healthz")
     if name == "kube-proxy":
-        return _http_ok(f"http://127.0.0.1:{KUBE_PROXY_HEALTHZ_PORT}/healthz")
+        return processes.http_ok(f"http://127.0.0.1:{KUBE_PROXY_HEALTHZ_PORT}/healthz")
     if name == "coredns":
-        return _http_ok(f"http://127.0.0.1:{COREDNS_HEALTH_PORT}/health")
+        return processes.http_ok(f"http://127.0.0.1:{COREDNS_HEALTH_PORT}/health")
     return True, ""  # the socket and the proxy: checked by their process being alive
 
 
@@ -512,8 +512,6 @@ def prepare(settings: Settings) -> Path:
 
 def start(settings: Settings, handle: ClusterHandle, bin_dir: Path) -> None:
     """After the control plane is healthy: every node component, then the node Ready."""
-    from devenv.cluster.cluster import _say, _start, wait_until, write_kubeconfig
-
     layout = Layout.of(settings)
     pause = images.build_all().pause
     layout.state.mkdir(parents=True, exist_ok=True)
@@ -528,20 +526,24 @@ def start(settings: Settings, handle: ClusterHandle, bin_dir: Path) -> None:
     write_kubeconfig(settings, layout.state / "kube-proxy.kubeconfig", "kube-proxy")
 
     started = time.monotonic()
-    proxy = _start(settings, "apiserver-proxy", _argv("apiserver-proxy", settings, layout, bin_dir))
+    proxy = processes.start(
+        settings, "apiserver-proxy", _argv("apiserver-proxy", settings, layout, bin_dir)
+    )
     env_path = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
     os.environ["PATH"] = env_path  # containerd finds its shim on PATH
-    containerd = _start(settings, "containerd", _argv("containerd", settings, layout, bin_dir))
+    containerd = processes.start(
+        settings, "containerd", _argv("containerd", settings, layout, bin_dir)
+    )
     _wait_socket(layout.socket, containerd.alive, settings.timeout_s)
     ensure_images(settings, bin_dir)
     for name in ("kubelet", "kube-proxy", "coredns"):
-        pid = _start(settings, name, _argv(name, settings, layout, bin_dir))
+        pid = processes.start(settings, name, _argv(name, settings, layout, bin_dir))
         _wait_healthy_node(settings, name, pid)
-        _say(f"{name} healthy after {time.monotonic() - started:.1f} s")
+        processes.say(f"{name} healthy after {time.monotonic() - started:.1f} s")
     if not proxy.alive():
         raise NodeError("the apiserver proxy (socat) exited")
 
-    wait_until(
+    processes.wait_until(
         f"node {NODE_NAME} registered",
         lambda: handle.kubectl("get", "node", NODE_NAME, check=False).returncode == 0,
         settings.timeout_s,
@@ -576,7 +578,7 @@ def start(settings: Settings, handle: ClusterHandle, bin_dir: Path) -> None:
     handle.kubectl(
         "wait", "--for=condition=Ready", f"node/{NODE_NAME}", wait, timeout=settings.timeout_s + 10
     )
-    wait_until(
+    processes.wait_until(
         f"{fake_nodes.GPU_RESOURCE} allocatable on {NODE_NAME}",
         lambda: (
             handle.kubectl_json("get", "node", NODE_NAME)["status"]
@@ -586,7 +588,7 @@ def start(settings: Settings, handle: ClusterHandle, bin_dir: Path) -> None:
         ),
         settings.timeout_s,
     )
-    wait_until(
+    processes.wait_until(
         "the kubernetes Service's endpoint on the node IP",
         lambda: (
             NODE_IP
@@ -596,24 +598,24 @@ def start(settings: Settings, handle: ClusterHandle, bin_dir: Path) -> None:
         ),
         settings.timeout_s,
     )
-    _say(f"real node {NODE_NAME} Ready after {time.monotonic() - started:.1f} s")
+    processes.say(f"real node {NODE_NAME} Ready after {time.monotonic() - started:.1f} s")
 
 
-def _wait_healthy_node(settings: Settings, name: str, pidfile: Any) -> None:
-    from devenv.cluster.cluster import _log_tail
-
+def _wait_healthy_node(settings: Settings, name: str, pidfile: processes.PidFile) -> None:
     deadline = time.monotonic() + settings.timeout_s
     last = ""
     while True:
         if not pidfile.alive():
-            raise NodeError(f"{name} exited while starting; its log:\n" + _log_tail(settings, name))
+            raise NodeError(
+                f"{name} exited while starting; its log:\n" + processes.log_tail(settings, name)
+            )
         ok, last = health(name)
         if ok:
             return
         if time.monotonic() > deadline:
             raise NodeError(
                 f"{name} not healthy after {settings.timeout_s:.0f} s ({last}):\n"
-                + _log_tail(settings, name)
+                + processes.log_tail(settings, name)
             )
         time.sleep(0.2)
 
@@ -638,9 +640,7 @@ def built_images(settings: Settings) -> images.Images | None:
 
 
 def running(settings: Settings) -> dict[str, bool]:
-    from devenv.cluster import cluster
-
-    return cluster.running(settings, COMPONENTS)
+    return processes.running(settings, COMPONENTS)
 
 
 def is_healthy(settings: Settings) -> bool:
@@ -667,11 +667,9 @@ def kill_container(settings: Settings, container_id: str) -> None:
 
 def stop(settings: Settings, *, quiet: bool = False) -> None:
     """Stops the node and undoes what it changed on the host; idempotent."""
-    from devenv.cluster.cluster import _say, _stop
-
     layout = Layout.of(settings)
-    if _stop(settings, "kubelet") and not quiet:
-        _say("stopped kubelet")
+    if processes.stop(settings, "kubelet") and not quiet:
+        processes.say("stopped kubelet")
     bin_dir = None
     with contextlib.suppress(NodeError):
         bin_dir = resolve_binaries() if layout.socket.exists() else None
@@ -679,14 +677,14 @@ def stop(settings: Settings, *, quiet: bool = False) -> None:
         # Through the CRI, so that CNI releases each pod's address and network namespace.
         _run(*crictl(settings, bin_dir), "rmp", "--all", "--force", check=False)
     for name in ("coredns", "kube-proxy"):
-        if _stop(settings, name) and not quiet:
-            _say(f"stopped {name}")
+        if processes.stop(settings, name) and not quiet:
+            processes.say(f"stopped {name}")
     if bin_dir is not None:
         _run(str(bin_dir / "kube-proxy"), "--cleanup", check=False)
-    if _stop(settings, "containerd") and not quiet:
-        _say("stopped containerd")
+    if processes.stop(settings, "containerd") and not quiet:
+        processes.say("stopped containerd")
     _kill_shims(layout)
-    _stop(settings, "apiserver-proxy")
+    processes.stop(settings, "apiserver-proxy")
     _unmount_under(layout.state)
     if (settings.state_dir / HOST_RECORD).exists():
         _restore_host(settings)

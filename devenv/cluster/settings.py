@@ -1,0 +1,125 @@
+"""Where the local cluster lives and which loopback ports it takes (from the environment),
+what `up` recorded about it (`cluster.json`), and where its binaries are (build.sh)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from devenv.cluster import node as real_node
+from devenv.cluster import nodes as fake_nodes
+from devenv.cluster.processes import ClusterError
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+BUILD_SCRIPT = HERE / "build.sh"
+STAGES_FILE = HERE / "kwok-stages.yaml"
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    return int(raw) if raw else default
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Where the cluster lives and which loopback ports it takes, from the environment.
+
+    The default ports sit in the 2xxxx range, away from the usual ones (2379/2380 of a
+    system etcd, 6443 of a real apiserver, 10250-10259 of kubelets and control planes), so
+    the local cluster runs beside any of them.
+    """
+
+    state_dir: Path
+    etcd_port: int
+    etcd_peer_port: int
+    apiserver_port: int
+    controller_manager_port: int
+    scheduler_port: int
+    kwok_port: int
+    # Pod IPs are loopback addresses, so a real local process can listen on a pod's IP.
+    pod_cidr: str
+    # ClusterIPs: kube-proxy on the real node implements them (node.py).
+    service_cidr: str
+    nodes_file: Path
+    # kwok's Stage objects: how fake nodes and pods move through their lives.
+    stages_file: Path
+    # Upper bound for each component to become healthy.
+    timeout_s: float
+    # A real kubelet + containerd node beside the fake ones (node.py); needs root.
+    real_node: bool = True
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        return cls(
+            state_dir=Path(os.environ.get("VLLM_OP_CLUSTER_DIR") or REPO / ".cluster").resolve(),
+            etcd_port=_env_int("VLLM_OP_ETCD_PORT", 23790),
+            etcd_peer_port=_env_int("VLLM_OP_ETCD_PEER_PORT", 23800),
+            apiserver_port=_env_int("VLLM_OP_APISERVER_PORT", 26443),
+            controller_manager_port=_env_int("VLLM_OP_CONTROLLER_MANAGER_PORT", 20257),
+            scheduler_port=_env_int("VLLM_OP_SCHEDULER_PORT", 20259),
+            kwok_port=_env_int("VLLM_OP_KWOK_PORT", 20248),
+            pod_cidr=os.environ.get("VLLM_OP_POD_CIDR", "127.64.0.0/16"),
+            service_cidr=os.environ.get("VLLM_OP_SERVICE_CIDR", real_node.SERVICE_CIDR),
+            nodes_file=Path(
+                os.environ.get("VLLM_OP_CLUSTER_NODES") or fake_nodes.DEFAULT_NODES_FILE
+            ),
+            stages_file=Path(os.environ.get("VLLM_OP_KWOK_STAGES") or STAGES_FILE),
+            timeout_s=float(os.environ.get("VLLM_OP_CLUSTER_TIMEOUT", "120")),
+            real_node=real_node.enabled(),
+        )
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.state_dir / "kubeconfig"
+
+    @property
+    def pki_dir(self) -> Path:
+        return self.state_dir / "pki"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.state_dir / "logs"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.state_dir / "run"
+
+    @property
+    def info_file(self) -> Path:
+        return self.state_dir / "cluster.json"
+
+    @property
+    def apiserver_url(self) -> str:
+        return f"https://127.0.0.1:{self.apiserver_port}"
+
+
+def resolve_binaries(*, build: bool = True) -> Path:
+    """The folder with every binary: `VLLM_OP_K8S_BIN`, or build.sh's cache (building it
+    first if needed). build.sh prints its progress on stderr, which passes through."""
+    if not build:
+        info = read_info(Settings.from_env())
+        if info and Path(info["bin_dir"]).is_dir():
+            return Path(info["bin_dir"])
+        raise ClusterError("the binaries' folder is unknown until `up` has run once")
+    proc = subprocess.run(
+        ["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, text=True, check=False
+    )
+    if proc.returncode != 0:
+        raise ClusterError(f"{BUILD_SCRIPT} failed with exit code {proc.returncode}")
+    lines = proc.stdout.strip().splitlines()
+    if not lines:
+        raise ClusterError(f"{BUILD_SCRIPT} printed no binaries folder")
+    return Path(lines[-1]).resolve()
+
+
+def read_info(settings: Settings) -> dict[str, Any] | None:
+    try:
+        data: dict[str, Any] = json.loads(settings.info_file.read_text())
+        return data
+    except (OSError, ValueError):
+        return None
