@@ -463,13 +463,13 @@ def argo_health(kind: str, obj: dict[str, Any]) -> tuple[str, str]:
 @cache
 def _kstatus_binary() -> str:
     proc = subprocess.run(
-        ["bash", str(REPO / "e2e" / "kstatus" / "build.sh")],
+        ["bash", str(REPO / "tests" / "kstatus" / "build.sh")],
         capture_output=True,
         text=True,
         check=False,
         timeout=900,
     )
-    assert proc.returncode == 0, f"building e2e/kstatus failed:\n{proc.stderr}"
+    assert proc.returncode == 0, f"building tests/kstatus failed:\n{proc.stderr}"
     return proc.stdout.strip().splitlines()[-1]
 
 

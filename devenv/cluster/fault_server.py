@@ -1,6 +1,6 @@
 """A misbehaving OpenAI-compatible server on a pod's address, for the warmup failure tests.
 
-It is the warmup tests' own fake server (tests/warmup/fake_server.py), listening where a
+It is the warmup tests' own fake server (devenv/fake_openai.py), listening where a
 pod's container would, in one of the modes below: ``fail`` (every generation answers 500),
 ``slow`` (every generation waits before its first token, so a warmup takes a while) or
 ``ok``. Two ways in:
@@ -20,7 +20,7 @@ import signal
 import sys
 import threading
 
-from tests.warmup.fake_server import Behaviour, FakeOpenAI
+from devenv.fake_openai import Behaviour, FakeOpenAI
 
 MODES = {
     "fail": Behaviour(generate_status=500),

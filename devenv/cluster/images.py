@@ -270,14 +270,12 @@ def build_vllm(python: str) -> str:
         )
 
 
-# The fault server's files, at their package paths (it imports tests.warmup.fake_server).
+# The fault server's files, at their package paths (it imports devenv.fake_openai).
 FAULT_SERVER_FILES = (
     "devenv/__init__.py",
     "devenv/cluster/__init__.py",
     "devenv/cluster/fault_server.py",
-    "tests/__init__.py",
-    "tests/warmup/__init__.py",
-    "tests/warmup/fake_server.py",
+    "devenv/fake_openai.py",
 )
 
 

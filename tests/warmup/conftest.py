@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from devenv.fake_openai import Behaviour, FakeOpenAI
 from devenv.vllm_fixtures import (  # noqa: F401  (fixtures, used by name)
     _vllm_one_server,
     tiny_models,
@@ -13,7 +14,6 @@ from devenv.vllm_fixtures import (  # noqa: F401  (fixtures, used by name)
     vllm_python,
     vllm_servers,
 )
-from tests.warmup.fake_server import Behaviour, FakeOpenAI
 
 
 @pytest.fixture

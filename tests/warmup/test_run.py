@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from devenv.fake_openai import Behaviour, FakeOpenAI
 from devenv.vllm_server import free_port
-from tests.warmup.fake_server import Behaviour, FakeOpenAI
 from vllm_operator.warmup.report import Api, Outcome
 from vllm_operator.warmup.requests import build_plan
 from vllm_operator.warmup.run import WarmupOptions, run_warmup

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds e2e/kstatus (a tiny program over sigs.k8s.io/cli-utils' kstatus library) from the
+# Builds tests/kstatus (a tiny program over sigs.k8s.io/cli-utils' kstatus library) from the
 # Go module proxy into the same cache as the control-plane binaries, keyed by the
 # cli-utils version and this folder's sources; a second run costs nothing.
 # Prints the binary's path on its last line of stdout.
