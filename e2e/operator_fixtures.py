@@ -81,6 +81,8 @@ class OperatorProcess:
                 "VLLM_OPERATOR_KUBECONFIG": str(self.cluster.kubeconfig),
                 "VLLM_OPERATOR_RESYNC_SECONDS": env.get("VLLM_OPERATOR_RESYNC_SECONDS", "20"),
                 "VLLM_OPERATOR_METRICS_PORT": "0",
+                # A line per reconcile pass: what "nothing changed over a pass" awaits.
+                "VLLM_OPERATOR_LOG_LEVEL": "debug",
                 "VLLM_OPERATOR_HEALTH_PORT": "0",
                 "VLLM_OPERATOR_DEFAULT_IMAGE": "vllm/vllm-openai:e2e",
             }
@@ -115,6 +117,17 @@ class OperatorProcess:
         if not self.log_path.exists():
             return ""
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def log_mark(self) -> int:
+        """Where the log ends now: what :meth:`log_since` reads from."""
+        return self.log_path.stat().st_size if self.log_path.exists() else 0
+
+    def log_since(self, mark: int) -> str:
+        if not self.log_path.exists():
+            return ""
+        with self.log_path.open("rb") as f:
+            f.seek(mark)
+            return f.read().decode(errors="replace")
 
 
 def _log_dir(cluster: ClusterHandle, tmp_path_factory: pytest.TempPathFactory) -> Path:

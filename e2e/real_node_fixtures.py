@@ -19,6 +19,7 @@ import secrets
 import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -164,6 +165,22 @@ class PodOperator:
         )  # fmt: skip
         return str(proc.stdout)
 
+    def log_mark(self) -> str:
+        """The next whole second (kubectl logs --since-time reads whole seconds): what
+        :meth:`log_since` reads from, so no earlier line is counted."""
+        now = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=1)
+        return now.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    def log_since(self, mark: str) -> str:
+        pods = self._pods()
+        if not pods:
+            return ""
+        proc = self.cluster.kubectl(
+            "logs", "-n", self.namespace, pods[0]["metadata"]["name"], f"--since-time={mark}",
+            check=False,
+        )  # fmt: skip
+        return str(proc.stdout)
+
 
 @dataclass(frozen=True)
 class ChartOperator:
@@ -197,7 +214,8 @@ def chart_operator(
             # The session's copy of the chart's lock policy is in force (see lock_policy).
             extra_values={
                 "resources": resources,
-                "operator": jobs,
+                # A line per reconcile pass: what "nothing changed over a pass" awaits.
+                "operator": {**jobs, "logLevel": "debug"},
                 "scaleDownLock": {"enabled": False},
             },
         )

@@ -45,6 +45,13 @@ def _wait(predicate: Callable[[], Any], what: str, timeout: float = 60) -> Any:
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
 
+def _await_pass(op: OperatorProcess, ns: str, name: str, mark: Any, timeout: float = 120) -> None:
+    """Wait for a reconcile pass of ``ns/name`` that ended after ``mark`` (a position in
+    the operator's log): the debug line the operator writes after each pass."""
+    line = f"Reconciled InferenceService {ns}/{name}:"
+    _wait(lambda: line in op.log_since(mark), f"a reconcile pass of {ns}/{name}", timeout)
+
+
 def _get(cluster: ClusterHandle, ns: str, *what: str) -> dict[str, Any] | None:
     proc = cluster.kubectl("get", *what, "-n", ns, "-o", "json", check=False)
     if proc.returncode != 0:
@@ -234,11 +241,10 @@ def test_an_unsatisfiable_spec_stalls_without_a_retry_storm(
     ready = _condition(_get(cluster, namespace, "isvc", "huge"), "Ready")
     assert ready["status"] == "False" and ready["reason"] == "NotEnoughGPUs"
     assert _get(cluster, namespace, "deployment", "huge") is None, "nothing that cannot run"
-    # Over the next ten seconds the object is left alone: one event, status unchanged.
+    # Over the next reconcile pass (a resync's) the object is left alone: one event,
+    # status unchanged.
     first = _get(cluster, namespace, "isvc", "huge")
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        time.sleep(1)
+    _await_pass(op, namespace, "huge", op.log_mark())
     again = _get(cluster, namespace, "isvc", "huge")
     assert first and again
     assert again["metadata"]["resourceVersion"] == first["metadata"]["resourceVersion"]
@@ -301,16 +307,12 @@ def test_a_restart_mid_reconcile_leaves_no_twins_and_no_rollout(
     assert rs_before is not None and len(rs_before["items"]) == 1
     # A second restart with everything converged must change nothing.
     op.stop(kill=True)
+    mark = op.log_mark()
     op.start()
     isvc = _get(cluster, namespace, "isvc", "chat")
     assert isvc is not None
-
-    def resynced() -> bool:
-        log = op.log_tail(400)
-        return "Started the vllm-operator" in log
-
-    _wait(resynced, "the restarted operator")
-    time.sleep(3)  # let the restarted operator's initial reconciles run
+    # The restarted operator's first pass over the service (its start lists every object).
+    _await_pass(op, namespace, "chat", mark)
     dep_after = _get(cluster, namespace, "deployment", "chat")
     assert dep_after is not None
     assert dep_after["metadata"]["generation"] == generation, "an unchanged Deployment rolled out"
