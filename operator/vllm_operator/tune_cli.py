@@ -36,6 +36,7 @@ from typing import Any, Final, Literal, TextIO
 import yaml
 from pydantic import ValidationError
 
+from vllm_operator.constants import DEFAULT_SERVING_IMAGE
 from vllm_operator.models.gpu_node import GPUNode
 from vllm_operator.models.inference_service import (
     HuggingFaceSource,
@@ -50,9 +51,17 @@ from vllm_operator.models.inference_service import (
     TuningSpec,
 )
 from vllm_operator.models.workload import SLO, LengthDistribution, Workload
+from vllm_operator.releases.arguments import arguments_for, release_flags
+from vllm_operator.releases.version import (
+    TESTED_VERSION,
+    DeployedVersion,
+    Version,
+    deployed_version,
+)
 from vllm_operator.tuning import catalog, gpus
 from vllm_operator.tuning.architecture import ArchitectureError
 from vllm_operator.tuning.plan import plan, spec_only
+from vllm_operator.tuning.release import for_release, release_problem
 from vllm_operator.tuning.request import resolve_model
 from vllm_operator.tuning.results import DoesNotFit, ModelInput, Plan, SpecOnly, TuningResult
 
@@ -134,6 +143,12 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default=[],
         metavar="KEY=VALUE",
         help="a vLLM argument override, name without dashes (repeatable; always wins)",
+    )
+    t.add_argument(
+        "--vllm-version",
+        metavar="X.Y.Z",
+        help=f"the vLLM release to plan for: its arguments are the ones written and checked "
+        f"(default: {TESTED_VERSION}, the release the operator's tests run)",
     )
     t.add_argument("--cpu-pinning", action="store_true", help="exclusive cores")
     t.add_argument("--shm-size", help="/dev/shm size (default: planned)")
@@ -311,6 +326,12 @@ def tune(args: argparse.Namespace) -> tuple[TuningResult, ModelInput | None]:
         tpot_p99_milliseconds=args.tpot_p99_ms
         or (spec.slo.tpot_p99_milliseconds if spec else None),
     )
+    deployed = _deployed(args.vllm_version, spec)
+    release, refused = release_problem(tuning.overrides, deployed, where="--set {name}")
+    if refused is not None:
+        raise InputError(refused.message)
+    assert release is not None
+    version_note = arguments_for(deployed.version).note
     count: int | Literal["auto"] = "auto"
     if args.gpus_per_replica != "auto":
         if not str(args.gpus_per_replica).isdigit() or not 1 <= int(args.gpus_per_replica) <= 16:
@@ -330,7 +351,7 @@ def tune(args: argparse.Namespace) -> tuple[TuningResult, ModelInput | None]:
             f"{name} is not a folder with config.json nor in the catalog "
             f"({', '.join(catalog.names())})",
         )
-        return result, None
+        return for_release(result, release, deployed, version_note), None
     replicas = args.replicas if args.replicas != 1 or spec is None else spec.replicas
     planned = plan(
         model,
@@ -343,7 +364,25 @@ def tune(args: argparse.Namespace) -> tuple[TuningResult, ModelInput | None]:
         gpu_count=count,
         replicas=replicas,
     )
-    return planned, model
+    return for_release(planned, release, deployed, version_note), model
+
+
+def _deployed(flag: str | None, spec: InferenceServiceSpec | None) -> DeployedVersion:
+    """--vllm-version, else the service file's spec.vllmVersion or image tag, else the
+    release the tests run."""
+    if flag is not None:
+        version = Version.parse(flag)
+        if version is None:
+            raise InputError(f"--vllm-version {flag!r} is not a version like 0.19.1")
+        return DeployedVersion(version, "Spec")
+    if spec is not None and (spec.vllm_version or spec.image):
+        return deployed_version(
+            explicit=spec.vllm_version,
+            image=spec.image,
+            default_image=DEFAULT_SERVING_IMAGE,
+            default=TESTED_VERSION,
+        )
+    return DeployedVersion(TESTED_VERSION, "Default")
 
 
 # --- output ---------------------------------------------------------------------------------
@@ -419,7 +458,7 @@ def _print_table(result: TuningResult, model: ModelInput | None, out: TextIO) ->
         f"{result.replicas_per_node} replica(s) per node",
         file=out,
     )
-    print("\nvLLM arguments", file=out)
+    print(f"\nvLLM {result.vllm_version or TESTED_VERSION} arguments", file=out)
     _table(
         [("NAME", "VALUE", "SOURCE", "REASON")]
         + [(a.name, a.value, a.source, a.reason) for a in result.arguments],
@@ -470,9 +509,7 @@ def run_from_args(args: argparse.Namespace, out: TextIO | None = None) -> int:
         if isinstance(result, Plan):
             print(" ".join(result.command_args()), file=out)
         elif isinstance(result, SpecOnly):
-            from vllm_operator.models.inference_service import command_flags
-
-            print(" ".join(command_flags(result.arguments)), file=out)
+            print(" ".join(release_flags(result.arguments, result.vllm_version)), file=out)
         else:
             print(f"vllm-operator tune: {result.reason}: {result.message}", file=sys.stderr)
     else:

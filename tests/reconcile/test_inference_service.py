@@ -10,6 +10,7 @@ import pytest
 
 from tests.fakes import RecordingCluster
 from tests.specs import BASE
+from vllm_operator.constants import TESTED_VLLM_VERSION
 from vllm_operator.k8s.api import ApiError
 from vllm_operator.reconcile.inference_service import reconcile_inference_service
 from vllm_operator.settings import OperatorSettings
@@ -187,3 +188,39 @@ async def test_scaling_does_not_change_the_pod_template() -> None:
     await reconcile_inference_service(api, scaled, settings=SETTINGS, now=NOW)
     assert api.objects[key]["spec"]["replicas"] == 4
     assert api.objects[key]["spec"]["template"] == before, "a scale must not roll pods out"
+
+
+async def test_an_override_vllm_does_not_take_stalls_naming_the_field_and_rolls_out_nothing() -> (
+    None
+):
+    api, body = _cluster(_node("a", 2), tuning={"overrides": {"gpu-memory-utilization": "1.5"}})
+    outcome = await reconcile_inference_service(api, body, settings=SETTINGS, now=NOW)
+    stalled = _condition(api, body, "Stalled")
+    assert outcome.stalled and stalled["reason"] == "InvalidOverride"
+    assert stalled["message"].startswith("spec.tuning.overrides.gpu-memory-utilization: ")
+    assert api.applied("Deployment") == [], "a bad override never reaches a pod"
+
+
+async def test_the_version_comes_from_the_image_tag_and_decides_the_flags() -> None:
+    api, body = _cluster(_node("a", 2), image="vllm/vllm-openai:v0.17.1")
+    await reconcile_inference_service(api, body, settings=SETTINGS, now=NOW)
+    tuning = _stored(api, body)["status"]["tuning"]
+    assert tuning["vllmVersion"] == "0.17.1"
+    dep = api.objects[("apps/v1", "Deployment", "team-a", "chat")]
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--shutdown-timeout" not in args, "0.17 has no --shutdown-timeout"
+    api, body = _cluster(_node("a", 2), image="vllm/vllm-openai:v0.18.0")
+    await reconcile_inference_service(api, body, settings=SETTINGS, now=NOW)
+    dep = api.objects[("apps/v1", "Deployment", "team-a", "chat")]
+    assert "--shutdown-timeout" in dep["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+async def test_an_image_whose_tag_names_no_version_is_planned_for_the_default_and_says_so() -> None:
+    api, body = _cluster(_node("a", 2), image="mirror.local/vllm:latest")
+    await reconcile_inference_service(api, body, settings=SETTINGS, now=NOW)
+    tuning = _stored(api, body)["status"]["tuning"]
+    assert tuning["vllmVersion"] == TESTED_VLLM_VERSION
+    assert any("mirror.local/vllm:latest names no vLLM version" in n for n in tuning["notes"])
+    api, body = _cluster(_node("a", 2), image="mirror.local/vllm:latest", vllmVersion="0.11.0")
+    await reconcile_inference_service(api, body, settings=SETTINGS, now=NOW)
+    assert _stored(api, body)["status"]["tuning"]["vllmVersion"] == "0.11.0"

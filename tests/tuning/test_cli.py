@@ -55,7 +55,7 @@ def test_the_table_explains_every_argument(capsys: pytest.CaptureFixture[str]) -
     assert code == 0
     assert "8x H100-80GB" in out
     assert "tensor-parallel-size          4" in out
-    for section in ("vLLM arguments", "Pod", "Predictions (per replica)", "Command line"):
+    for section in ("vLLM 0.32.0 arguments", "Pod", "Predictions (per replica)", "Command line"):
         assert section in out
     assert "--max-num-seqs 96" in out
 
@@ -111,7 +111,7 @@ def test_quantization_flags_and_overrides(capsys: pytest.CaptureFixture[str]) ->
         "--set",
         "max-num-seqs=64",
         "--set",
-        "swap-space=0",
+        "enable-prefix-caching=false",
         "-o",
         "args",
     )
@@ -119,7 +119,7 @@ def test_quantization_flags_and_overrides(capsys: pytest.CaptureFixture[str]) ->
     line = out.strip()
     assert "--quantization gptq_marlin" in line
     assert "--max-num-seqs 64" in line
-    assert "--swap-space 0" in line
+    assert "--no-enable-prefix-caching" in line
     assert "--tensor-parallel-size 1" in line
 
 
@@ -229,6 +229,37 @@ def test_an_inferenceservice_manifest(tmp_path: Path, capsys: pytest.CaptureFixt
             "cannot read",
             id="a missing GPUNode file",
         ),
+        pytest.param(
+            ["Llama-2-7B", "--gpu", "L4", "--set", "maxmodellen=8192"],
+            "--set maxmodellen: vLLM 0.32.0 has no argument --maxmodellen "
+            "(did you mean max-model-len?)",
+            id="an override that is no argument of the release",
+        ),
+        pytest.param(
+            ["Llama-2-7B", "--gpu", "L4", "--set", "gpu-memory-utilization=1.5"],
+            "--set gpu-memory-utilization: --gpu-memory-utilization must be",
+            id="an override out of range",
+        ),
+        pytest.param(
+            ["Llama-2-7B", "--gpu", "L4", "--set", "tensor-parallel-size=-2"],
+            "--tensor-parallel-size must be at least 1",
+            id="a negative parallel size",
+        ),
+        pytest.param(
+            ["Llama-2-7B", "--gpu", "L4", "--set", "max-num-seqs=0"],
+            "--max-num-seqs must be at least 1",
+            id="no sequences",
+        ),
+        pytest.param(
+            ["Llama-2-7B", "--gpu", "L4", "--vllm-version", "latest"],
+            "--vllm-version 'latest' is not a version",
+            id="a version that is not one",
+        ),
+        pytest.param(
+            ["Llama-2-7B", "--gpu", "L4", "--vllm-version", "0.9.2"],
+            "older than the oldest release the operator supports",
+            id="a release older than the table",
+        ),
     ],
 )
 def test_bad_input_exits_2_with_a_message(
@@ -256,3 +287,35 @@ def test_the_command_loads_no_network_client() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["result"] == "Plan"
+
+
+def test_the_command_line_is_written_for_the_release_asked_for(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Every flag of the plan for vLLM 0.10 is one 0.10 has (the tuner's catalogue of
+    arguments is the newest release's; what 0.10 lacks is left out with a note)."""
+    from vllm_operator.releases.arguments import arguments_for
+    from vllm_operator.releases.version import Version
+
+    code, out, _ = run(
+        capsys, "Llama-3.1-8B", "--gpu", "L40S", "--vllm-version", "0.10.0", "-o", "yaml"
+    )
+    assert code == 0
+    doc = yaml.safe_load(out)
+    assert doc["tuning"]["vllmVersion"] == "0.10.0"
+    table = arguments_for(Version(0, 10, 0)).arguments
+    assert table is not None
+    spelled = set(table.flags) | set(table.negations.values())
+    flags = [a.removeprefix("--") for a in doc["command"] if a.startswith("--")]
+    assert flags and all(f in spelled for f in flags), flags
+
+
+def test_an_override_is_checked_against_the_release_asked_for(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--swap-space went in vLLM 0.18: an override of it passes for 0.17, not for 0.18."""
+    base = ["Llama-2-7B", "--gpu", "RTX-3090", "--set", "swap-space=0", "-o", "args"]
+    code, out, _ = run(capsys, *base, "--vllm-version", "0.17.0")
+    assert code == 0 and "--swap-space 0" in out
+    code, _, err = run(capsys, *base, "--vllm-version", "0.18.0")
+    assert code == 2 and "vLLM 0.18.0 has no argument --swap-space" in err

@@ -7,8 +7,9 @@ import math
 import pytest
 
 from tests.tuning.helpers import model
+from vllm_operator.releases.arguments import parse_human_int
 from vllm_operator.tuning.architecture import Architecture
-from vllm_operator.tuning.args import Pins, parse_human_int, read_overrides
+from vllm_operator.tuning.args import Pins, read_overrides
 from vllm_operator.tuning.memory import (
     GIB,
     gpu_memory_plan,

@@ -8,7 +8,7 @@ in status with a reason for each value.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Annotated, Literal, Protocol, Self
 
@@ -262,7 +262,9 @@ class TuningSpec(ApiModel):
         default_factory=dict,
         max_length=64,
         description="vLLM arguments by name without dashes (max-model-len: '4096'). An "
-        "override always wins and is reported as such. 'true' or 'false' toggle a flag.",
+        "override always wins and is reported as such. 'true' or 'false' toggle a flag. Each "
+        "is checked against the arguments of the vLLM release deployed: one it does not take "
+        "stalls the service (InvalidOverride) and reaches no pod.",
     )
 
     model_config = cel_rules(
@@ -546,6 +548,15 @@ class InferenceServiceSpec(ApiModel):
         max_length=512,
         description="vLLM serving image. Defaults to the operator's configured image.",
     )
+    vllm_version: str | None = Field(
+        default=None,
+        pattern=r"^v?[0-9]+\.[0-9]+(\.[0-9]+)?$",
+        max_length=32,
+        description="The vLLM version the image runs (0.19.1), for an image whose tag does "
+        "not say (latest, a digest, a private build). Decides which arguments are rendered "
+        "and which overrides are accepted; default: the version in the image's tag, else the "
+        "operator's default.",
+    )
     pod_template: PodTemplateOverlay = Field(
         default_factory=PodTemplateOverlay, description="Overlay on the rendered pods."
     )
@@ -572,16 +583,20 @@ class NamedValue(Protocol):
     def value(self) -> str: ...
 
 
-def command_flags(arguments: Iterable[NamedValue]) -> list[str]:
+def command_flags(
+    arguments: Iterable[NamedValue], negations: Mapping[str, str] | None = None
+) -> list[str]:
     """vLLM's command-line flags for ``arguments``: ``true`` a bare ``--name``, ``false``
-    ``--no-name``, anything else ``--name value``. The one place flags are spelled: the
-    tuner's ``vllm serve`` line and the rendered container's both come from here."""
+    the switch's negation in the release deployed (``negations``: ``--disable-NAME`` for
+    some, ``--no-NAME`` by default), anything else ``--name value``. The one place flags are
+    spelled: the tuner's ``vllm serve`` line and the rendered container's both come from
+    here, through :func:`vllm_operator.releases.arguments.release_flags`."""
     flags: list[str] = []
     for arg in arguments:
         if arg.value == "true":
             flags.append(f"--{arg.name}")
         elif arg.value == "false":
-            flags.append(f"--no-{arg.name}")
+            flags.append(f"--{(negations or {}).get(arg.name, 'no-' + arg.name)}")
         else:
             flags += [f"--{arg.name}", arg.value]
     return flags
@@ -625,6 +640,11 @@ class EffectiveTuning(ApiModel):
 
     planned_by: Literal["Tuner", "SpecOnly"] = Field(
         description="Tuner: planned from the model and GPUs; SpecOnly: only the spec applied."
+    )
+    vllm_version: str | None = Field(
+        default=None,
+        description="The vLLM version planned for (spec.vllmVersion, the image's tag, or the "
+        "operator's default): its arguments are the ones rendered and checked.",
     )
     gpus_per_replica: int | None = Field(default=None, description="GPUs per replica.")
     tensor_parallel_size: int | None = Field(default=None, description="Tensor parallelism.")

@@ -279,7 +279,9 @@ class Decision:
 def decide(
     isvc: InferenceService, snap: Snapshot, settings: OperatorSettings, now: datetime
 ) -> Decision:
-    planned = plan_inference_service(isvc, snap.view.nodes, snap.view.gpu_nodes)
+    planned = plan_inference_service(
+        isvc, snap.view.nodes, snap.view.gpu_nodes, default_image=settings.default_image
+    )
     tuning = planned.tuning
     problems = find_problems(isvc, tuning, snap, check_gpus=planned.does_not_fit is None)
     if planned.does_not_fit is not None:

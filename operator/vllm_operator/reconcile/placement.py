@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from vllm_operator.constants import (
+    DEFAULT_SERVING_IMAGE,
     GPU_RESOURCE,
     NODE_LABEL_GPU_INTERCONNECT,
     NODE_LABEL_GPU_PRODUCT,
@@ -23,6 +24,7 @@ from vllm_operator.constants import (
 from vllm_operator.models import GPUNodeStatus, InferenceService, InferenceServiceSpec
 from vllm_operator.models.base import Manifest
 from vllm_operator.models.inference_service import EffectiveTuning
+from vllm_operator.releases.version import TESTED_VERSION, DeployedVersion, deployed_version
 from vllm_operator.tuning import (
     DoesNotFit,
     GPUProfile,
@@ -106,12 +108,32 @@ def _planning_spec(isvc: InferenceService) -> InferenceServiceSpec:
     return isvc.spec.model_copy(update={"replicas": replicas})
 
 
+def deployed_version_of(isvc: InferenceService, *, default_image: str) -> DeployedVersion:
+    """The vLLM version ``isvc`` runs: spec.vllmVersion, its image's tag (the operator's
+    default image when it names none), else the version the tests run."""
+    return deployed_version(
+        explicit=isvc.spec.vllm_version,
+        image=isvc.spec.image,
+        default_image=default_image,
+        default=TESTED_VERSION,
+    )
+
+
 def plan_inference_service(
-    isvc: InferenceService, nodes: list[Manifest], gpu_nodes: list[Manifest]
+    isvc: InferenceService,
+    nodes: list[Manifest],
+    gpu_nodes: list[Manifest],
+    *,
+    default_image: str = DEFAULT_SERVING_IMAGE,
 ) -> PlanOutcome:
     """The tuning in force for ``isvc`` on this cluster's nodes."""
     profiles = gpu_profiles(candidate_nodes(isvc, nodes), gpu_nodes)
-    result = plan_service(_planning_spec(isvc), profiles, name=isvc.metadata.name)
+    result = plan_service(
+        _planning_spec(isvc),
+        profiles,
+        name=isvc.metadata.name,
+        version=deployed_version_of(isvc, default_image=default_image),
+    )
     if isinstance(result, Plan):
         return PlanOutcome(result.effective_tuning())
     if isinstance(result, SpecOnly):

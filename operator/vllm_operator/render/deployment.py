@@ -20,8 +20,10 @@ from vllm_operator.constants import (
 )
 from vllm_operator.models import InferenceService
 from vllm_operator.models.base import Manifest
-from vllm_operator.models.inference_service import EffectiveTuning, PlannedPod, command_flags
+from vllm_operator.models.inference_service import EffectiveTuning, PlannedPod
 from vllm_operator.models.quantity import format_mebibytes, to_bytes
+from vllm_operator.releases.arguments import arguments_for, release_flags
+from vllm_operator.releases.version import TESTED_VERSION, Version
 from vllm_operator.render.meta import (
     SERVER_PORT,
     SERVER_PORT_NAME,
@@ -84,7 +86,17 @@ def vllm_args(isvc: InferenceService, tuning: EffectiveTuning) -> list[str]:
     hf = isvc.spec.model.source.hugging_face
     if hf is not None:
         args += ["--revision", hf.revision]
-    return args + command_flags(tuning.arguments)
+    return args + release_flags(tuning.arguments, tuning.vllm_version)
+
+
+def _drain_flags(tuning: EffectiveTuning) -> list[str]:
+    """``--shutdown-timeout`` for the releases that have it (0.18 and newer): in-flight
+    requests finish after SIGTERM. Older releases reject the flag; they get none."""
+    version = Version.parse(tuning.vllm_version or "") or TESTED_VERSION
+    arguments = arguments_for(version).arguments
+    if arguments is None or arguments.get("shutdown-timeout") is None:
+        return []
+    return ["--shutdown-timeout", str(DRAIN_SECONDS)]
 
 
 def _env(
@@ -223,7 +235,7 @@ def build_deployment(
         "name": CONTAINER,
         "image": image,
         "command": ["vllm", "serve"],
-        "args": [*vllm_args(isvc, tuning), "--shutdown-timeout", str(DRAIN_SECONDS)],
+        "args": [*vllm_args(isvc, tuning), *_drain_flags(tuning)],
         "ports": [{"name": SERVER_PORT_NAME, "containerPort": SERVER_PORT, "protocol": "TCP"}],
         "env": _env(isvc, tuning, pod, cpus),
         "resources": _resources(pod, gpus, cpus),

@@ -10,8 +10,7 @@ Overrides are also read *before* planning (:func:`read_overrides`): a pinned
 ``tensor-parallel-size``, ``max-model-len`` or ``gpu-memory-utilization`` changes what
 fits, so the planner plans around the pinned value instead of predicting for a value that
 is not in force. Numbers are read the way vLLM reads them (``human_readable_int``: ``32k``
-is 32,000 and ``32K`` is 32,768); that small parser is hand-written here because the pure
-layer cannot import vLLM.
+is 32,000 and ``32K`` is 32,768; :func:`vllm_operator.releases.arguments.parse_human_int`).
 
 The command line is spelled by :func:`vllm_operator.models.inference_service.command_flags`
 after vLLM's argparse: a boolean argument is ``--name`` for ``true`` and ``--no-name`` for
@@ -22,17 +21,16 @@ arguments); anything else is ``--name value``.
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from vllm_operator.models.inference_service import ArgumentSource, EffectiveArgument
+from vllm_operator.releases.arguments import parse_human_int
 
 __all__ = [
     "Pins",
     "Setting",
     "apply_overrides",
-    "parse_human_int",
     "read_overrides",
 ]
 
@@ -50,26 +48,6 @@ class Setting:
         return EffectiveArgument(
             name=self.name, value=self.value, source=self.source, reason=self.reason
         )
-
-
-_HUMAN_INT: Final = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT]?)")
-_DECIMAL: Final = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
-_BINARY: Final = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-
-
-def parse_human_int(text: str) -> int | None:
-    """An integer as vLLM's ``human_readable_int`` reads it; None when it is not one."""
-    match = _HUMAN_INT.fullmatch(text.strip())
-    if match is None:
-        return None
-    number, suffix = match.groups()
-    if not suffix:
-        return int(number) if number.isdigit() else None
-    if suffix in _DECIMAL:
-        return int(float(number) * _DECIMAL[suffix])
-    if not number.isdigit():  # vLLM refuses decimals with binary suffixes
-        return None
-    return int(number) * _BINARY[suffix]
 
 
 def _parse_bool(text: str) -> bool | None:

@@ -52,6 +52,8 @@ from vllm_operator.models.inference_service import (
     TuningSpec,
 )
 from vllm_operator.models.workload import SLO, Workload
+from vllm_operator.releases.arguments import arguments_for
+from vllm_operator.releases.version import TESTED_VERSION, DeployedVersion
 from vllm_operator.tuning import catalog
 from vllm_operator.tuning.args import Setting, apply_overrides, read_overrides
 from vllm_operator.tuning.candidate import Candidate, GpuChoices, decode_estimate, gpu_choices
@@ -60,6 +62,7 @@ from vllm_operator.tuning.gpus import GPUProfile, match_product
 from vllm_operator.tuning.memory import GIB
 from vllm_operator.tuning.performance import load_time
 from vllm_operator.tuning.pod import pod_plan
+from vllm_operator.tuning.release import for_release, release_problem
 from vllm_operator.tuning.request import CONTEXT_ROUNDING, Ask, Context, context_of, resolve_model
 from vllm_operator.tuning.results import (
     DoesNotFit,
@@ -426,15 +429,35 @@ def plan_service(
     *,
     config: Mapping[str, Any] | None = None,
     name: str | None = None,
+    version: DeployedVersion | None = None,
 ) -> TuningResult:
-    """Plan an InferenceService over the candidate nodes' GPU profiles.
+    """Plan an InferenceService over the candidate nodes' GPU profiles, for the vLLM
+    release it deploys.
 
     ``gpus``: one profile per candidate node (from GPUNode status, else node labels).
     ``config``: the model's config.json when the caller could read it. ``name``: the
-    InferenceService's name (a catalog lookup falls back to it). Profiles not allowed by
+    InferenceService's name (a catalog lookup falls back to it). ``version``: the vLLM
+    version deployed (default: the one the tests run); its arguments decide which overrides
+    are accepted and which proposed arguments are passed. Profiles not allowed by
     ``spec.gpu.products`` are skipped; among the plans that fit, the one with the fewest
     GPUs per replica wins, then the fastest decode, then the largest KV cache.
     """
+    deployed = version or DeployedVersion(TESTED_VERSION, "Default")
+    release, refused = release_problem(spec.tuning.overrides, deployed)
+    if refused is not None:
+        return refused
+    assert release is not None
+    note = arguments_for(deployed.version).note
+    return for_release(_plan_service(spec, gpus, config=config, name=name), release, deployed, note)
+
+
+def _plan_service(
+    spec: InferenceServiceSpec,
+    gpus: Sequence[GPUProfile],
+    *,
+    config: Mapping[str, Any] | None,
+    name: str | None,
+) -> TuningResult:
     model = resolve_model(spec.model, config=config, fallback_name=name)
     if model is None:
         return spec_only(

@@ -14,8 +14,8 @@ from vllm_operator.models.inference_service import (
     EffectiveTuning,
     PlannedPod,
     Predictions,
-    command_flags,
 )
+from vllm_operator.releases.arguments import release_flags
 from vllm_operator.tuning.architecture import Architecture
 from vllm_operator.tuning.args import Setting
 from vllm_operator.tuning.gpus import GPUProfile
@@ -23,7 +23,13 @@ from vllm_operator.tuning.memory import GIB, GpuMemoryPlan, KVCacheCapacity
 from vllm_operator.tuning.quantization import UNQUANTIZED, WeightFormat
 
 FitReason = Literal[
-    "WeightsDoNotFit", "ContextDoesNotFit", "InvalidParallelism", "NotEnoughGPUs", "NoMatchingGPUs"
+    "WeightsDoNotFit",
+    "ContextDoesNotFit",
+    "InvalidParallelism",
+    "NotEnoughGPUs",
+    "NoMatchingGPUs",
+    "InvalidOverride",
+    "UnsupportedVllmVersion",
 ]
 OptionKind = Literal["Quantize", "MoreGPUs", "LargerGPU", "ShorterContext", "KVCacheDtype"]
 
@@ -87,6 +93,8 @@ class Plan:
     prediction_reasons: tuple[Setting, ...]
     notes: tuple[str, ...]
     replicas_per_node: int
+    # The vLLM release the arguments are spelled for (tuning.release.for_release).
+    vllm_version: str | None = None
     kind: Literal["Plan"] = "Plan"
 
     @property
@@ -98,7 +106,7 @@ class Plan:
 
     def command_args(self) -> list[str]:
         """The vLLM command-line arguments the plan puts in force."""
-        return command_flags(self.arguments)
+        return release_flags(self.arguments, self.vllm_version)
 
     def effective_tuning(self) -> EffectiveTuning:
         """The plan as the InferenceService status shows it."""
@@ -108,6 +116,7 @@ class Plan:
         ]
         return EffectiveTuning(
             planned_by="Tuner",
+            vllm_version=self.vllm_version,
             gpus_per_replica=self.gpus_per_replica,
             tensor_parallel_size=self.tensor_parallel_size,
             arguments=[a.to_effective() for a in self.arguments],
@@ -128,7 +137,8 @@ class FitOption:
 
 @dataclasses.dataclass(frozen=True)
 class DoesNotFit:
-    """Nothing fits. ``reason`` is the Stalled condition's reason; ``message`` its message."""
+    """Nothing can be deployed: nothing fits, or the spec asks for what the vLLM release
+    does not take. ``reason`` is the Stalled condition's reason; ``message`` its message."""
 
     reason: FitReason
     summary: str
@@ -158,6 +168,8 @@ class SpecOnly:
     # and its pod (spec.node).
     gpus: int = 1
     pod: PlannedPod = dataclasses.field(default_factory=PlannedPod)
+    notes: tuple[str, ...] = ()
+    vllm_version: str | None = None
     kind: Literal["SpecOnly"] = "SpecOnly"
 
     def effective_tuning(self) -> EffectiveTuning:
@@ -165,11 +177,12 @@ class SpecOnly:
         tp_value = int(tp.value) if tp and tp.value.isdigit() else None
         return EffectiveTuning(
             planned_by="SpecOnly",
+            vllm_version=self.vllm_version,
             gpus_per_replica=tp_value if tp_value is not None else self.gpus,
             tensor_parallel_size=tp_value,
             arguments=[a.to_effective() for a in self.arguments],
             pod=self.pod,
-            notes=[self.message],
+            notes=[self.message, *self.notes],
         )
 
 
