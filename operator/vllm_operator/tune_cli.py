@@ -59,7 +59,7 @@ from vllm_operator.releases.version import (
     deployed_version,
 )
 from vllm_operator.tuning import catalog, gpus
-from vllm_operator.tuning.architecture import ArchitectureError
+from vllm_operator.tuning.architecture import ArchitectureError, from_config, missing_keys
 from vllm_operator.tuning.plan import plan, spec_only
 from vllm_operator.tuning.release import for_release, release_problem
 from vllm_operator.tuning.request import resolve_model
@@ -90,6 +90,17 @@ class InputError(ValueError):
     """A flag or file the command cannot use; the message says which and why."""
 
 
+def _positive(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (argparse names the flag)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add ``tune``'s arguments to ``parser``."""
     parser.add_argument(
@@ -106,13 +117,13 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     hw = parser.add_argument_group("GPUs")
     hw.add_argument("--gpu", help=f"GPU product ({', '.join(gpus.names())}, or a node label)")
-    hw.add_argument("--count", type=int, default=1, help="GPUs on the node (default: 1)")
+    hw.add_argument("--count", type=_positive, default=1, help="GPUs on the node (default: 1)")
     hw.add_argument(
         "--interconnect",
         help="nvlink, pcie (through a host bridge), or pix/pxb/phb/node/sys "
         "(default: nvlink for NVLink parts, else pcie)",
     )
-    hw.add_argument("--gpu-memory", type=int, metavar="MIB", help="memory per GPU, MiB")
+    hw.add_argument("--gpu-memory", type=_positive, metavar="MIB", help="memory per GPU, MiB")
     hw.add_argument("--gpu-node", metavar="FILE", help="a GPUNode manifest (uses its status)")
     hw.add_argument("--gpus-per-replica", default="auto", help="GPUs per replica: auto or a number")
     m = parser.add_argument_group("model")
@@ -122,16 +133,16 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         choices=sorted(_METHODS),
         help="how the checkpoint is quantized (default: from config.json or the name)",
     )
-    m.add_argument("--bits", type=int, help="bits per weight (GPTQ, AWQ, GGUF)")
-    m.add_argument("--group-size", type=int, help="quantization group size")
+    m.add_argument("--bits", type=_positive, help="bits per weight (GPTQ, AWQ, GGUF)")
+    m.add_argument("--group-size", type=_positive, help="quantization group size")
     w = parser.add_argument_group("workload (tokens)")
     for which in ("prompt", "output"):
         for stat in ("p50", "p99", "max"):
-            w.add_argument(f"--{which}-{stat}", type=int, metavar="N")
-    w.add_argument("--peak-concurrency", type=int, metavar="N", help="requests in flight")
-    w.add_argument("--replicas", type=int, default=1, help="replicas sharing the peak")
-    w.add_argument("--ttft-p99-ms", type=int, metavar="MS", help="TTFT P99 objective")
-    w.add_argument("--tpot-p99-ms", type=int, metavar="MS", help="TPOT P99 objective")
+            w.add_argument(f"--{which}-{stat}", type=_positive, metavar="N")
+    w.add_argument("--peak-concurrency", type=_positive, metavar="N", help="requests in flight")
+    w.add_argument("--replicas", type=_positive, default=1, help="replicas sharing the peak")
+    w.add_argument("--ttft-p99-ms", type=_positive, metavar="MS", help="TTFT P99 objective")
+    w.add_argument("--tpot-p99-ms", type=_positive, metavar="MS", help="TPOT P99 objective")
     t = parser.add_argument_group("tuning")
     t.add_argument(
         "--profile", choices=["Balanced", "Latency", "Throughput", "FastStart"], default=None
@@ -240,6 +251,11 @@ def _model_spec(args: argparse.Namespace, base: ModelSpec | None) -> tuple[Model
         raise InputError("give a model (folder, config.json or catalog name) or --service")
     if base is None:
         is_path = Path(name).exists()
+        if not is_path and (name.startswith((".", "/", "~")) or name.count("/") > 1):
+            raise InputError(
+                f"MODEL {name}: no such folder (a local model is a folder with config.json; "
+                "a Hugging Face repo is org/name; a catalog name has no slash)"
+            )
         source = (
             ModelSource(image=ImageSource(path="/model"))
             if is_path or "/" not in name
@@ -284,6 +300,8 @@ def _gpu_profile(args: argparse.Namespace) -> gpus.GPUProfile:
         return gpus.profile_from_product(
             args.gpu, args.count, interconnect=args.interconnect, memory_mib=args.gpu_memory
         )
+    except gpus.UnknownInterconnect as exc:
+        raise InputError(str(exc)) from exc
     except ValueError as exc:
         raise InputError(f"{exc} (known: {', '.join(gpus.names())}; or give --gpu-memory)") from exc
 
@@ -345,6 +363,16 @@ def tune(args: argparse.Namespace) -> tuple[TuningResult, ModelInput | None]:
         raise InputError(str(exc)) from exc
     if model is None:
         if config is not None:
+            missing = missing_keys(config)
+            if missing:
+                raise InputError(
+                    f"{args.model}: config.json lacks {', '.join(missing)}, which the tuner "
+                    "needs (or give the shape with --service and spec.model.architecture)"
+                )
+            try:
+                from_config(config)
+            except ArchitectureError as exc:
+                raise InputError(f"{args.model}: {exc}") from exc
             raise InputError(f"{args.model}: config.json lacks the shape the tuner needs")
         result = spec_only(
             InferenceServiceSpec(model=model_spec, tuning=tuning),

@@ -251,6 +251,26 @@ def test_an_inferenceservice_manifest(tmp_path: Path, capsys: pytest.CaptureFixt
             id="no sequences",
         ),
         pytest.param(
+            ["Llama-2-7B", "--gpu", "L4", "--prompt-p50", "-5"],
+            "argument --prompt-p50: must be at least 1, not -5",
+            id="a negative length",
+        ),
+        pytest.param(
+            ["Llama-2-7B", "--gpu", "L4", "--peak-concurrency", "many"],
+            "argument --peak-concurrency: must be a whole number, not 'many'",
+            id="a count that is not a number",
+        ),
+        pytest.param(
+            ["/nonexistent/model", "--gpu", "L4"],
+            "MODEL /nonexistent/model: no such folder",
+            id="a missing model folder",
+        ),
+        pytest.param(
+            ["Llama-2-7B", "--gpu", "L4", "--interconnect", "warp"],
+            "--interconnect 'warp' is not one: use nvlink, pcie, or a topology kind",
+            id="an unknown interconnect",
+        ),
+        pytest.param(
             ["Llama-2-7B", "--gpu", "L4", "--vllm-version", "latest"],
             "--vllm-version 'latest' is not a version",
             id="a version that is not one",
@@ -265,9 +285,23 @@ def test_an_inferenceservice_manifest(tmp_path: Path, capsys: pytest.CaptureFixt
 def test_bad_input_exits_2_with_a_message(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, _, err = run(capsys, *argv)
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's own refusals (a flag's type)
+        code = int(exc.code or 0)
+    _, err = capsys.readouterr()
     assert code == 2
     assert message in err
+    assert "Traceback" not in err and "pydantic" not in err
+
+
+def test_a_config_json_without_the_shape_names_the_missing_keys(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))
+    code, _, err = run(capsys, str(tmp_path), "--gpu", "L4")
+    assert code == 2
+    assert "config.json lacks num_hidden_layers, num_attention_heads, vocab_size" in err
 
 
 _OFFLINE = """

@@ -323,6 +323,21 @@ def _torch_dtype(config: Mapping[str, Any]) -> str | None:
     return value if isinstance(value, str) else None
 
 
+# The keys a config.json must have, each with the other names models use for it.
+_REQUIRED: tuple[tuple[str, ...], ...] = (
+    ("num_hidden_layers", "n_layer", "num_layers", "n_layers"),
+    ("hidden_size", "n_embd", "d_model", "model_dim"),
+    ("num_attention_heads", "n_head", "n_heads", "num_heads"),
+    ("vocab_size", "padded_vocab_size"),
+)
+
+
+def missing_keys(config: Mapping[str, Any]) -> list[str]:
+    """The required keys (by their usual names) that ``config`` has under no name."""
+    cfg = _text_config(config)
+    return [keys[0] for keys in _REQUIRED if _first(cfg, *keys) is None]
+
+
 def from_config(config: Mapping[str, Any], *, name: str | None = None) -> Architecture:
     """Read a Hugging Face ``config.json`` (already parsed) into an :class:`Architecture`."""
     cfg = _text_config(config)

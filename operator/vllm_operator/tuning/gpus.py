@@ -251,6 +251,10 @@ def _interconnect_kind(value: str | None) -> LinkKind | None:
     return None
 
 
+class UnknownInterconnect(ValueError):
+    """An interconnect that is neither NVLink, PCIe nor a topology kind."""
+
+
 def profile_from_product(
     product: str,
     count: int = 1,
@@ -272,7 +276,10 @@ def profile_from_product(
         raise ValueError(f"unknown GPU {product!r}: give its memory")
     kind = _interconnect_kind(interconnect)
     if interconnect is not None and kind is None:
-        raise ValueError(f"unknown interconnect {interconnect!r}: nvlink, pcie or a topo kind")
+        raise UnknownInterconnect(
+            f"--interconnect {interconnect!r} is not one: use nvlink, pcie, or a topology "
+            "kind of nvidia-smi topo -m (pix, pxb, phb, node, sys)"
+        )
     assumed = kind is None
     if kind is None:
         kind = "NVLink" if model is not None and model.nvlink else "PHB"
