@@ -155,15 +155,16 @@ class PodOperator:
         wait_until("the operator pod running and Ready", up, 120)
         self._restarts_before_kill = None
 
-    def log_tail(self, lines: int = 80) -> str:
+    def _logs(self, *flags: str) -> str:
         pods = self._pods()
         if not pods:
             return ""
-        proc = self.cluster.kubectl(
-            "logs", "-n", self.namespace, pods[0]["metadata"]["name"], f"--tail={lines}",
-            check=False,
-        )  # fmt: skip
+        name = pods[0]["metadata"]["name"]
+        proc = self.cluster.kubectl("logs", "-n", self.namespace, name, *flags, check=False)
         return str(proc.stdout)
+
+    def log_tail(self, lines: int = 80) -> str:
+        return self._logs(f"--tail={lines}")
 
     def log_mark(self) -> str:
         """The next whole second (kubectl logs --since-time reads whole seconds): what
@@ -172,14 +173,7 @@ class PodOperator:
         return now.strftime("%Y-%m-%dT%H:%M:%SZ")
 
     def log_since(self, mark: str) -> str:
-        pods = self._pods()
-        if not pods:
-            return ""
-        proc = self.cluster.kubectl(
-            "logs", "-n", self.namespace, pods[0]["metadata"]["name"], f"--since-time={mark}",
-            check=False,
-        )  # fmt: skip
-        return str(proc.stdout)
+        return self._logs(f"--since-time={mark}")
 
 
 @dataclass(frozen=True)
