@@ -60,7 +60,11 @@ from vllm_operator.tuning.candidate import Candidate, GpuChoices, decode_estimat
 from vllm_operator.tuning.choose import choose_tp
 from vllm_operator.tuning.gpus import GPUProfile, match_product
 from vllm_operator.tuning.memory import GIB
-from vllm_operator.tuning.performance import load_time
+from vllm_operator.tuning.performance import (
+    MEASURED_EFFICIENCY,
+    SPEC_EFFICIENCY,
+    load_time,
+)
 from vllm_operator.tuning.pod import pod_plan
 from vllm_operator.tuning.release import for_release, release_problem
 from vllm_operator.tuning.request import CONTEXT_ROUNDING, Ask, Context, context_of, resolve_model
@@ -283,7 +287,7 @@ def _plan(ask: Ask, gpu: GPUProfile) -> Plan | DoesNotFit:
                 "Tuner",
                 f"roofline for one sequence of {min(context, ctx.typical):,} tokens: "
                 f"{gib(decode.bytes_per_gpu)} read per step per GPU at "
-                f"{bw / 1e9:.0f} GB/s ({'measured' if gpu.bandwidth_measured else 'datasheet'})"
+                + _achieved(bw, measured=gpu.bandwidth_measured)
                 + (
                     f" + {decode.communication_seconds * 1000:.2f} ms of all-reduce"
                     if decode.communication_seconds
@@ -521,3 +525,13 @@ def _unique(profiles: Sequence[GPUProfile]) -> list[GPUProfile]:
             seen.add(key(p))
             result.append(p)
     return result
+
+
+def _achieved(bandwidth: float, *, measured: bool) -> str:
+    """The bandwidth decode is predicted at, and where it comes from."""
+    share = MEASURED_EFFICIENCY if measured else SPEC_EFFICIENCY
+    source = "the node agent's measured copy rate" if measured else "the datasheet's"
+    return (
+        f"{bandwidth * share / 1e9:.0f} GB/s ({share:.0%} of {source} "
+        f"{bandwidth / 1e9:.0f} GB/s: what decode kernels achieve)"
+    )
