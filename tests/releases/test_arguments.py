@@ -115,3 +115,12 @@ def test_quantization_methods_are_the_releases_own() -> None:
     assert override_problems({"quantization": "mxfp4"}, _args("0.11.0")) == []
     assert override_problems({"quantization": "gguf"}, _args("0.23.0")) == []
     assert override_problems({"quantization": "gguf"}, _args("0.24.0")) != []
+
+
+@pytest.mark.parametrize("value", ["9" * 5000, "1e999", "nan", "inf"])
+def test_poison_numbers_are_refused_not_raised(value: str) -> None:
+    """A number of thousands of digits made Python's int() raise inside the tuner."""
+    args = _args(str(TESTED_VERSION))
+    for name in ("max-num-seqs", "gpu-memory-utilization"):
+        [problem] = override_problems({name: value}, args)
+        assert problem.startswith(f"spec.tuning.overrides.{name}: ")

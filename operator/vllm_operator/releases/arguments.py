@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 import functools
 import json
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -204,6 +205,7 @@ def arguments_for(version: Version) -> ReleaseArguments:
 
 
 _HUMAN_INT: Final = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT]?)")
+_MAX_DIGITS: Final = 30
 _DECIMAL: Final = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 _BINARY: Final = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
@@ -212,8 +214,8 @@ def parse_human_int(text: str) -> int | None:
     """An integer as vLLM's ``human_readable_int`` reads it (``32k`` is 32,000 and ``32K``
     32,768); None when it is not one. Hand-written: the pure layers cannot import vLLM."""
     match = _HUMAN_INT.fullmatch(text.strip())
-    if match is None:
-        return None
+    if match is None or len(text) > _MAX_DIGITS:
+        return None  # Python refuses to read integers of thousands of digits anyway
     number, suffix = match.groups()
     if not suffix:
         return int(number) if number.isdigit() else None
@@ -232,9 +234,10 @@ def _number(flag: Flag, text: str) -> float | None:
             return None
         return -value if stripped.startswith("-") else value
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
         return None
+    return value if math.isfinite(value) else None
 
 
 def _bounds(name: str) -> str:
