@@ -234,10 +234,10 @@ def _number(flag: Flag, text: str) -> float | None:
             return None
         return -value if stripped.startswith("-") else value
     try:
-        value = float(text)
+        real = float(text)
     except ValueError:
         return None
-    return value if math.isfinite(value) else None
+    return real if math.isfinite(real) else None
 
 
 def _bounds(name: str) -> str:
