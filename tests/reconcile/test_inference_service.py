@@ -224,3 +224,44 @@ async def test_an_image_whose_tag_names_no_version_is_planned_for_the_default_an
     api, body = _cluster(_node("a", 2), image="mirror.local/vllm:latest", vllmVersion="0.11.0")
     await reconcile_inference_service(api, body, settings=SETTINGS, now=NOW)
     assert _stored(api, body)["status"]["tuning"]["vllmVersion"] == "0.11.0"
+
+
+def _users(kind: str, api_version: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": api_version,
+        "kind": kind,
+        "metadata": {"name": "chat", "namespace": "team-a", "labels": {"app": "mine"}},
+        "spec": spec,
+    }
+
+
+@pytest.mark.parametrize(
+    "theirs",
+    [
+        _users("Service", "v1", selector={"app": "mine"}, ports=[{"port": 80}]),
+        _users("PodDisruptionBudget", "policy/v1", maxUnavailable=1),
+        _users("Deployment", "apps/v1", replicas=3),
+    ],
+    ids=lambda o: o["kind"],
+)
+async def test_a_users_object_of_the_same_name_is_never_taken_over(
+    theirs: dict[str, Any],
+) -> None:
+    """Applying over it would re-point the user's Service at the vLLM pods and, with our
+    owner reference added, delete it with the InferenceService."""
+    api, body = _cluster(_node("a", 2))
+    api.put(copy.deepcopy(theirs))
+    key = (theirs["apiVersion"], theirs["kind"], "team-a", "chat")
+    outcome = await reconcile_inference_service(api, body, settings=SETTINGS, now=NOW)
+    assert api.objects[key] == theirs, "not one field of it changed"
+    assert theirs["kind"] not in [k.split("/")[0] for k in _applied_kinds(api)]
+    stalled = _condition(api, body, "Stalled")
+    assert outcome.stalled and stalled["reason"] == f"{theirs['kind']}Conflict"
+    assert f"A {theirs['kind']} named chat exists in namespace team-a" in stalled["message"]
+    # The other children are ours and applied.
+    assert len(_applied_kinds(api)) >= 2
+
+
+def _applied_kinds(api: RecordingCluster) -> list[str]:
+    kinds = ("Service", "PodDisruptionBudget", "Deployment")
+    return [k for k in kinds if api.applied(k)]

@@ -4,8 +4,10 @@ counts requests against the recording fake of the k8s layer."""
 
 from __future__ import annotations
 
+from tests.fakes import RecordingCluster
 from tests.reconcile.test_inference_service import NOW, SETTINGS, _cluster, _node, _stored
 from vllm_operator.reconcile.inference_service import list_nodes, reconcile_inference_service
+from vllm_operator.runtime.cache import ChildOwners
 
 
 async def test_a_converged_pass_makes_eight_requests_and_no_cluster_wide_list() -> None:
@@ -13,13 +15,36 @@ async def test_a_converged_pass_makes_eight_requests_and_no_cluster_wide_list() 
     await reconcile_inference_service(api, body, settings=SETTINGS, now=NOW)
     body = _stored(api, body)
     view = await list_nodes(api)  # the runtime's caches stand in
+    owners = _owners(api)
     api.calls.clear()
-    await reconcile_inference_service(api, body, settings=SETTINGS, now=NOW, view=view)
+    await reconcile_inference_service(
+        api, body, settings=SETTINGS, now=NOW, view=view, owners=owners
+    )
     kinds = [(verb, kind) for verb, kind, _ in api.calls]
     assert ("list", "Node") not in kinds and ("list", "GPUNode") not in kinds
     # Lock Jobs, the HPA, three server-side applies (no-ops when converged), the pods,
     # the warmup Jobs and the benchmarks.
     assert len(api.calls) == 8, api.calls
+
+
+def _owners(api: RecordingCluster) -> dict[tuple[str, str, str], str | None]:
+    """What the runtime's labelled watches would have shown of the children."""
+    owners = ChildOwners()
+    for obj in api.objects.values():
+        owners.on_event("ADDED", obj)
+    return owners.owners
+
+
+async def test_without_the_watches_a_pass_reads_its_three_children_to_know_they_are_its() -> None:
+    api, body = _cluster(_node("a", 2))
+    await reconcile_inference_service(api, body, settings=SETTINGS, now=NOW)
+    view = await list_nodes(api)
+    api.calls.clear()
+    await reconcile_inference_service(
+        api, _stored(api, body), settings=SETTINGS, now=NOW, view=view
+    )
+    gets = sorted(kind for verb, kind, _ in api.calls if verb == "get")
+    assert gets == ["Deployment", "HorizontalPodAutoscaler", "PodDisruptionBudget", "Service"]
 
 
 async def test_every_read_of_a_pass_comes_before_its_first_write() -> None:

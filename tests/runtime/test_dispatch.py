@@ -43,11 +43,13 @@ class Calls:
         self.fail: ApiError | None = None
         self.phase = "Running"
         self.again: float | None = 2.0
+        self.owners: Any = None
 
     async def service(
-        self, api: Any, body: Manifest, *, settings: Any, view: Any = None
+        self, api: Any, body: Manifest, *, settings: Any, view: Any = None, owners: Any = None
     ) -> Outcome:
         self.made.append(("service", body["metadata"]["name"]))
+        self.owners = owners
         if self.fail:
             raise self.fail
         return Outcome(ready=True, stalled=False)
@@ -218,7 +220,7 @@ async def test_service_reconciles_read_nodes_from_the_cache_once_it_is_filled(
 ) -> None:
     seen: list[object] = []
 
-    async def service(api: Any, body: Manifest, *, settings: Any, view: Any) -> Outcome:
+    async def service(api: Any, body: Manifest, *, settings: Any, view: Any, **_: Any) -> Outcome:
         seen.append(view)
         return Outcome(ready=True, stalled=False)
 
@@ -240,3 +242,24 @@ async def test_service_reconciles_read_nodes_from_the_cache_once_it_is_filled(
     runtime.nodes.on_event("DELETED", {"metadata": {"name": "gpu-1"}})
     await runtime.work((ISVC, "team", "chat"))
     assert [n["metadata"]["name"] for n in seen[-1].nodes] == ["gpu-2"]  # type: ignore[attr-defined]
+
+
+async def test_the_labelled_watch_tells_the_reconcile_who_controls_each_child(
+    runtime: Runtime, calls: Calls
+) -> None:
+    """A converged pass then need not read its children to know they are its own."""
+    child = {
+        "kind": "Service",
+        "metadata": {
+            "name": "chat", "namespace": "team", "labels": {LABEL_SERVICE: "chat"},
+            "ownerReferences": [{"controller": True, "uid": "u-1"}],
+        },
+    }  # fmt: skip
+    runtime.on_labelled(child, "ADDED")
+    _cluster(runtime).put(_obj(KIND_INFERENCE_SERVICE))
+    await runtime.work((ISVC, "team", "chat"))
+    assert calls.owners == {("Service", "team", "chat"): "u-1"}
+    runtime.on_labelled(child, "DELETED")
+    assert runtime.children.owners == {}
+    runtime.on_labelled({**child, "kind": "Pod"}, "ADDED")
+    assert runtime.children.owners == {}, "only the children named after the service"

@@ -111,8 +111,8 @@ async def inference_service_event(type: str | None, body: kopf.Body, memo: Any, 
 @kopf.on.event("", "v1", "pods", labels={LABEL_SERVICE: kopf.PRESENT})
 @kopf.on.event("batch", "v1", "jobs", labels={LABEL_WARMUP_FOR: kopf.PRESENT}, id="warmup-job")
 @kopf.on.event("batch", "v1", "jobs", labels={LABEL_BENCHMARK: kopf.PRESENT}, id="load-job")
-async def labelled_event(body: kopf.Body, memo: Any, **_: Any) -> None:
-    _runtime(memo).on_labelled(dict(body))
+async def labelled_event(type: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
+    _runtime(memo).on_labelled(dict(body), type)
 
 
 @kopf.on.event("", "v1", "nodes")

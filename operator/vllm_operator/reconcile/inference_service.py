@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final
 
 from pydantic import ValidationError
 
@@ -55,7 +56,7 @@ from vllm_operator.reconcile.warmup import (
 )
 from vllm_operator.render.deployment import build_deployment, gpus_per_replica
 from vllm_operator.render.hpa import build_hpa, hpa_name
-from vllm_operator.render.meta import deployment_name, selector_string
+from vllm_operator.render.meta import deployment_name, pdb_name, selector_string, service_name
 from vllm_operator.render.pdb import build_pdb
 from vllm_operator.render.service import build_service
 from vllm_operator.settings import OperatorSettings
@@ -87,6 +88,21 @@ async def list_nodes(api: ClusterAPI) -> NodeView:
     return NodeView(await api.list("v1", "Node"), await api.list(API_VERSION, KIND_GPU_NODE))
 
 
+# The children named after the service: (kind, apiVersion, name).
+ChildKey = tuple[str, str, str]  # (kind, namespace, name)
+OwnerMap = Mapping[ChildKey, "str | None"]
+CHILD_KINDS: Final = ("Deployment", "Service", "PodDisruptionBudget")
+_CHILD_API: Final = {"Deployment": "apps/v1", "Service": "v1", "PodDisruptionBudget": "policy/v1"}
+
+
+def _child_names(isvc: InferenceService) -> dict[str, str]:
+    return {
+        "Deployment": deployment_name(isvc),
+        "Service": service_name(isvc),
+        "PodDisruptionBudget": pdb_name(isvc),
+    }
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """Everything one pass reads, read before anything is decided or written."""
@@ -106,10 +122,15 @@ class Snapshot:
     # The namespace's InferenceBenchmarks (the last finished one of this service goes
     # into its status).
     benchmarks: list[Manifest]
-    # Read only when a benchmark holds the lock: its replicas are the floor then.
+    # Read only when a benchmark holds the lock (its replicas are the floor then) or when
+    # the Deployment's owner is not known.
     live_deployment: Manifest | None
     # The reports of the finished warmup Jobs whose outcome is not on their pod yet.
     warmup_reports: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Children of the service's names that exist and that it does not control: someone
+    # else's, never applied over (a Service of that name would be re-pointed at the vLLM
+    # pods and, owned by the service, deleted with it).
+    foreign: frozenset[str] = frozenset()
 
 
 async def _get(
@@ -118,7 +139,12 @@ async def _get(
     return await api.get(api_version, kind, name, ns) if name is not None else None
 
 
-async def gather(api: ClusterAPI, isvc: InferenceService, view: NodeView | None) -> Snapshot:
+async def gather(
+    api: ClusterAPI,
+    isvc: InferenceService,
+    view: NodeView | None,
+    owners: OwnerMap | None = None,
+) -> Snapshot:
     """Every read of a pass. The independent reads go out together (objects, then
     lists); the two that depend on them (the live Deployment under a lock, the reports
     of finished warmups) follow."""
@@ -144,9 +170,24 @@ async def gather(api: ClusterAPI, isvc: InferenceService, view: NodeView | None)
         api.list("v1", "Pod", ns, label_selector=selector_string(isvc)),
         list_benchmarks(api, isvc),
     )
-    live = None
-    if lock_holder(lock_jobs) is not None:
-        live = await api.get("apps/v1", "Deployment", deployment_name(isvc), ns)
+    # A child whose controller the watches have shown to be this service is not read;
+    # any other is (it may be a user's object of the same name).
+    names = _child_names(isvc)
+    unknown = [
+        kind
+        for kind in CHILD_KINDS
+        if owners is None or owners.get((kind, ns or "", names[kind]), "?") != isvc.metadata.uid
+    ]
+    if lock_holder(lock_jobs) is not None and "Deployment" not in unknown:
+        unknown.append("Deployment")
+    read = await asyncio.gather(
+        *(api.get(_CHILD_API[kind], kind, names[kind], ns) for kind in unknown)
+    )
+    found = dict(zip(unknown, read, strict=True))
+    foreign = frozenset(
+        kind for kind, obj in found.items() if obj is not None and not _controlled_by(obj, isvc)
+    )
+    live = found.get("Deployment")
     reports = await read_reports(api, isvc, pods, warmup_jobs) if isvc.spec.warmup.enabled else {}
     return Snapshot(
         view=nodes,
@@ -159,6 +200,7 @@ async def gather(api: ClusterAPI, isvc: InferenceService, view: NodeView | None)
         benchmarks=benchmarks,
         live_deployment=live,
         warmup_reports=reports,
+        foreign=foreign,
     )
 
 
@@ -261,6 +303,16 @@ def _hpa(
     return None, existing is not None and ours, None
 
 
+def _foreign(isvc: InferenceService, kind: str) -> Problem:
+    name = _child_names(isvc)[kind]
+    return Problem(
+        f"{kind}Conflict",
+        f"A {kind} named {name} exists in namespace {isvc.metadata.namespace} that this "
+        "InferenceService does not own; it is left as it is and none of it is changed. "
+        "Delete or rename it, or give the InferenceService another name.",
+    )
+
+
 @dataclass(frozen=True)
 class Decision:
     """What a pass will write, and what the status needs of what it decided."""
@@ -274,6 +326,10 @@ class Decision:
     delete_hpa: bool
     warmup: WarmupDecision
     last_benchmark: BenchmarkSummary | None
+    # When no Deployment is applied: the one read in the gather, if any, for the status;
+    # a foreign one is not this service's and counts as none.
+    live_deployment: Manifest | None = None
+    foreign_deployment: bool = False
 
 
 def decide(
@@ -295,11 +351,12 @@ def decide(
         desired = max(desired, running)
     children = [build_service(isvc), build_pdb(isvc)]
     hpa, delete_hpa, conflict = _hpa(isvc, snap.hpa, blocked_by=blocked_by)
+    problems += [_foreign(isvc, kind) for kind in CHILD_KINDS if kind in snap.foreign]
     if hpa is not None:
         children.append(hpa)
     if conflict is not None:
         problems.append(conflict)
-    if planned.does_not_fit is None:
+    if planned.does_not_fit is None and "Deployment" not in snap.foreign:
         # Never a Deployment that will run out of memory: when nothing fits, the one
         # running (if any) stays as it is until the spec or the nodes change.
         children.append(
@@ -317,6 +374,7 @@ def decide(
         resources=settings.warmup_resources.to_wire(),
         now=now,
     )
+    children = [c for c in children if c["kind"] not in snap.foreign]
     return Decision(
         tuning=tuning,
         problems=problems,
@@ -326,6 +384,8 @@ def decide(
         delete_hpa=delete_hpa,
         warmup=warmup,
         last_benchmark=latest_benchmark(isvc, snap.benchmarks),
+        live_deployment=None if "Deployment" in snap.foreign else snap.live_deployment,
+        foreign_deployment="Deployment" in snap.foreign,
     )
 
 
@@ -356,8 +416,10 @@ async def _apply_children(
     ns = isvc.metadata.namespace
     if decision.delete_hpa:
         await api.delete("autoscaling/v2", "HorizontalPodAutoscaler", hpa_name(isvc), ns)
-    if deployment is None:
-        deployment = await api.get("apps/v1", "Deployment", deployment_name(isvc), ns)
+    if deployment is None and not any(c["kind"] == "Deployment" for c in decision.children):
+        deployment = decision.live_deployment
+        if deployment is None and not decision.foreign_deployment:
+            deployment = await api.get("apps/v1", "Deployment", deployment_name(isvc), ns)
     return deployment, rejected
 
 
@@ -430,8 +492,12 @@ async def reconcile_inference_service(
     settings: OperatorSettings,
     now: datetime | None = None,
     view: NodeView | None = None,
+    owners: OwnerMap | None = None,
 ) -> Outcome:
-    """Bring one InferenceService's children and status to what its spec asks for."""
+    """Bring one InferenceService's children and status to what its spec asks for.
+
+    ``view``: the runtime's Nodes and GPUNodes; ``owners``: the controller of each child
+    its watches have shown (both read afresh when not given)."""
     now = (now or datetime.now(UTC)).replace(microsecond=0)
     try:
         isvc = InferenceService.model_validate(body)
@@ -440,7 +506,7 @@ async def reconcile_inference_service(
         return Outcome(ready=False, stalled=True)
     ns = isvc.metadata.namespace
 
-    snap = await gather(api, isvc, view)
+    snap = await gather(api, isvc, view, owners)
     decision = decide(isvc, snap, settings, now)
     deployment, rejected = await _apply_children(api, isvc, decision)
     await apply_writes(api, decision.warmup.writes)

@@ -41,7 +41,7 @@ from vllm_operator.reconcile.inference_service import (
     list_nodes,
     reconcile_inference_service,
 )
-from vllm_operator.runtime.cache import ObjectCache
+from vllm_operator.runtime.cache import ChildOwners, ObjectCache
 from vllm_operator.runtime.queue import WorkQueue
 from vllm_operator.settings import OperatorSettings
 
@@ -97,6 +97,8 @@ class Runtime:
     # Nodes and GPUNodes, fed by watch events and relisted every resync (runtime/cache.py).
     nodes: ObjectCache = field(default_factory=ObjectCache)
     gpu_nodes: ObjectCache = field(default_factory=ObjectCache)
+    # Who controls each Deployment, Service and PDB the labelled watches have shown.
+    children: ChildOwners = field(default_factory=ChildOwners)
 
     def __post_init__(self) -> None:
         self.queue = WorkQueue[Key](max_delay=self.settings.max_retry_seconds)
@@ -165,7 +167,11 @@ class Runtime:
         with RECONCILE_SECONDS.labels(KIND_INFERENCE_SERVICE).time():
             try:
                 outcome = await self.reconcile_service(
-                    self.api, body, settings=self.settings, view=self.node_view()
+                    self.api,
+                    body,
+                    settings=self.settings,
+                    view=self.node_view(),
+                    owners=self.children.owners,
                 )
             except ApiError as err:
                 result = "retry" if err.transient else "error"
@@ -282,10 +288,11 @@ class Runtime:
         if (spec.get("autoscaling") or {}).get("enabled") or status.get("autoscaling"):
             self.schedule_autoscaler(namespace, name)
 
-    def on_labelled(self, body: Manifest) -> None:
+    def on_labelled(self, body: Manifest, event: str | None = None) -> None:
         """An event of an object that names its InferenceService by label (the children,
         their pods, warmup Jobs) or its InferenceBenchmark (load Jobs: the lock they are
         changes what their target may do, so the target is reconciled too)."""
+        self.children.on_event(event, body)
         meta = body.get("metadata") or {}
         namespace, labels = meta.get("namespace"), meta.get("labels") or {}
         if not namespace:
