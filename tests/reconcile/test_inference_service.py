@@ -265,3 +265,28 @@ async def test_a_users_object_of_the_same_name_is_never_taken_over(
 def _applied_kinds(api: RecordingCluster) -> list[str]:
     kinds = ("Service", "PodDisruptionBudget", "Deployment")
     return [k for k in kinds if api.applied(k)]
+
+
+async def test_a_fault_of_the_operators_own_reaches_the_status_and_is_retried(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No exception leaves a reconcile without a status: before, a service whose spec
+    tripped a bug had none and no event, retried for ever in silence."""
+    import vllm_operator.reconcile.inference_service as module
+
+    def broken(*_: Any, **__: Any) -> Any:
+        raise RuntimeError("the tuner tripped")
+
+    monkeypatch.setattr(module, "plan_inference_service", broken)
+    api, body = _cluster(_node("a", 2))
+    with pytest.raises(RuntimeError):
+        await reconcile_inference_service(api, body, settings=SETTINGS, now=NOW)
+    stalled = _condition(api, body, "Stalled")
+    assert stalled["status"] == "True" and stalled["reason"] == "ReconcileFailed"
+    assert "RuntimeError: the tuner tripped" in stalled["message"]
+    assert [e[0] for e in api.events] == ["ReconcileFailed"]
+    # The retry that fails the same way writes nothing again.
+    api.calls.clear()
+    with pytest.raises(RuntimeError):
+        await reconcile_inference_service(api, _stored(api, body), settings=SETTINGS, now=NOW)
+    assert api.applied("InferenceService/status") == []

@@ -93,14 +93,17 @@ class ModelSource(ApiModel):
 
 
 QuantizationMethod = Literal[
-    "None", "AWQ", "GPTQ", "FP8", "BitsAndBytes", "GGUF", "CompressedTensors"
+    "None", "AWQ", "GPTQ", "FP8", "BitsAndBytes", "GGUF", "CompressedTensors", "MXFP4"
 ]
 
 
 class Quantization(ApiModel):
     """How the weights are quantized, as published."""
 
-    method: QuantizationMethod = Field(default="None", description="Quantization method.")
+    method: QuantizationMethod = Field(
+        default="None",
+        description="Quantization method (MXFP4: gpt-oss's 4-bit experts, rest in bf16).",
+    )
     bits: int | None = Field(
         default=None, ge=2, le=16, description="Bits per weight (for AWQ, GPTQ, GGUF)."
     )
@@ -511,7 +514,12 @@ class PodTemplateOverlay(ApiModel):
         default_factory=list, max_length=64, description="Tolerations."
     )
     env: list[EnvVar] = Field(
-        default_factory=list, max_length=128, description="Extra environment variables."
+        default_factory=list,
+        max_length=128,
+        description="Extra environment variables, each name once.",
+        # A list keyed by name: the apiserver refuses a name given twice at admission (the
+        # Deployment's own validation would refuse it later, on every reconcile).
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
     priority_class_name: str | None = Field(
         default=None, max_length=253, description="PriorityClass of the pods."
@@ -519,6 +527,15 @@ class PodTemplateOverlay(ApiModel):
     service_account_name: str | None = Field(
         default=None, max_length=253, description="ServiceAccount the pods run as."
     )
+
+    @field_validator("env")
+    @classmethod
+    def _env_names_once(cls, env: list[EnvVar]) -> list[EnvVar]:
+        names = [e.name for e in env]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"env names must be unique; given more than once: {', '.join(twice)}")
+        return env
 
 
 class InferenceServiceSpec(ApiModel):

@@ -504,8 +504,53 @@ async def reconcile_inference_service(
     except ValidationError as err:
         await _invalid(api, body, err, now)
         return Outcome(ready=False, stalled=True)
-    ns = isvc.metadata.namespace
+    try:
+        return await _reconcile(
+            api, body, isvc, settings=settings, now=now, view=view, owners=owners
+        )
+    except ApiError:
+        raise  # the runtime retries the transient ones with back-off
+    except Exception as err:
+        # A fault of the operator's own (a bug, an input nothing validated): the status
+        # says so, then the runtime retries with back-off as for any failure.
+        await _failed(api, body, err, now)
+        raise
 
+
+async def _failed(api: ClusterAPI, body: Manifest, err: Exception, now: datetime) -> None:
+    meta = body["metadata"]
+    message = (
+        f"The operator failed on this InferenceService ({type(err).__name__}: "
+        f"{str(err)[:300]}); it retries with back-off. This is the operator's fault: the "
+        "operator's log has the traceback."
+    )
+    gen = meta.get("generation")
+    conds = [
+        condition("Ready", False, "ReconcileFailed", message, now=now, generation=gen),
+        condition("Stalled", True, "ReconcileFailed", message, now=now, generation=gen),
+        condition("Reconciling", False, "ReconcileFailed", message, now=now, generation=gen),
+    ]
+    old = [c.get("message") for c in (body.get("status") or {}).get("conditions", [])]
+    if old == [c.message for c in conds]:
+        return
+    try:
+        await apply_status(api, body, {"conditions": [c.to_wire() for c in conds]})
+        await api.event(body, reason="ReconcileFailed", message=message, warning=True)
+    except ApiError:
+        log.warning("Writing the failure into the status failed too.", exc_info=True)
+
+
+async def _reconcile(
+    api: ClusterAPI,
+    body: Manifest,
+    isvc: InferenceService,
+    *,
+    settings: OperatorSettings,
+    now: datetime,
+    view: NodeView | None,
+    owners: OwnerMap | None,
+) -> Outcome:
+    ns = isvc.metadata.namespace
     snap = await gather(api, isvc, view, owners)
     decision = decide(isvc, snap, settings, now)
     deployment, rejected = await _apply_children(api, isvc, decision)
