@@ -374,10 +374,13 @@ def tune(args: argparse.Namespace) -> tuple[TuningResult, ModelInput | None]:
             except ArchitectureError as exc:
                 raise InputError(f"{args.model}: {exc}") from exc
             raise InputError(f"{args.model}: config.json lacks the shape the tuner needs")
+        near = catalog.nearest(name)
         result = spec_only(
             InferenceServiceSpec(model=model_spec, tuning=tuning),
-            f"{name} is not a folder with config.json nor in the catalog "
-            f"({', '.join(catalog.names())})",
+            f"{name} is neither a folder with config.json nor in the tuner's catalog: give "
+            "`vllm-operator tune` the model's folder or its config.json, or --service with "
+            "spec.model.architecture"
+            + (f" (nearest catalog names: {', '.join(near)})" if near else ""),
         )
         return for_release(result, release, deployed, version_note), None
     replicas = args.replicas if args.replicas != 1 or spec is None else spec.replicas

@@ -464,11 +464,15 @@ def _plan_service(
 ) -> TuningResult:
     model = resolve_model(spec.model, config=config, fallback_name=name)
     if model is None:
+        repo = spec.model.source.hugging_face
+        wanted = (repo.repo if repo else None) or spec.model.name or name or "the model"
+        near = catalog.nearest(wanted)
         return spec_only(
             spec,
-            "the model's architecture is unknown: set spec.model.architecture, or use a "
-            "model whose config.json the operator can read or that is in the catalog "
-            f"({', '.join(catalog.names())})",
+            f"the model's architecture is unknown: {wanted} is not in the tuner's catalog; "
+            "set spec.model.architecture, or serve the model from a pvc or image source "
+            "whose folder has its config.json"
+            + (f" (nearest catalog names: {', '.join(near)})" if near else ""),
         )
     candidates = [g for g in gpus if _matches(spec.gpu.products, g)]
     if not candidates:
