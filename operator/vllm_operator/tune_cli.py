@@ -245,6 +245,21 @@ def _load_config(model: str) -> dict[str, Any] | None:
     return data
 
 
+def _checkpoint_bytes(model: str) -> int | None:
+    """The checkpoint's size beside config.json: model.safetensors.index.json's
+    metadata.total_size, else a single model.safetensors file's size; None if neither."""
+    path = Path(model)
+    folder = path if path.is_dir() else path.parent
+    try:
+        index = json.loads((folder / "model.safetensors.index.json").read_text())
+        size = index["metadata"]["total_size"]
+        return int(size) if isinstance(size, int | float) and size > 0 else None
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    single = folder / "model.safetensors"
+    return single.stat().st_size if single.is_file() else None
+
+
 def _model_spec(args: argparse.Namespace, base: ModelSpec | None) -> tuple[ModelSpec, str]:
     name = args.model
     if base is None and not name:
@@ -358,7 +373,12 @@ def tune(args: argparse.Namespace) -> tuple[TuningResult, ModelInput | None]:
     elif spec is not None:
         count = spec.gpu.count
     try:
-        model = resolve_model(model_spec, config=config, fallback_name=name)
+        model = resolve_model(
+            model_spec,
+            config=config,
+            fallback_name=name,
+            checkpoint_bytes=_checkpoint_bytes(args.model) if config is not None else None,
+        )
     except ArchitectureError as exc:  # pragma: no cover - resolve_model swallows these
         raise InputError(str(exc)) from exc
     if model is None:

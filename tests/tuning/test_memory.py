@@ -86,6 +86,39 @@ def test_weights_of_a_7b_model() -> None:
     gptq = weights_bytes(arch, WeightFormat("GPTQ", 4, 128), activation_dtype_bytes=2)
     # TheBloke/Llama-2-7B-GPTQ's model.safetensors: 3.90 GB.
     assert gptq == pytest.approx(3.90e9, rel=0.02)
+    awq = weights_bytes(arch, WeightFormat("AWQ", 4, 128), activation_dtype_bytes=2)
+    # TheBloke/Llama-2-7B-AWQ's model.safetensors: 3.89 GB.
+    assert awq == pytest.approx(3.89e9, rel=0.02)
+    gguf = weights_bytes(arch, WeightFormat("GGUF", 4), activation_dtype_bytes=2)
+    # TheBloke/Llama-2-7B-GGUF's llama-2-7b.Q4_K_M.gguf (embeddings quantized too): 4.08 GB.
+    assert gguf == pytest.approx(4.08e9, rel=0.02)
+
+
+def test_weights_of_an_8b_model_in_nf4() -> None:
+    arch = model("Llama-3.1-8B").architecture
+    nf4 = WeightFormat("BitsAndBytes", 4, double_quant=True)
+    # unsloth/llama-3-8b-bnb-4bit's model.safetensors (embeddings and lm_head bf16): 5.7 GB.
+    assert weights_bytes(arch, nf4, activation_dtype_bytes=2) == pytest.approx(5.7e9, rel=0.03)
+
+
+def test_mxfp4_quantizes_the_experts_only() -> None:
+    arch = model("Mixtral-8x7B").architecture
+    experts = arch.expert_parameters
+    fmt = WeightFormat("MXFP4", 4)
+    expected = experts * 4.25 / 8 + (arch.parameter_count - experts) * 2
+    assert weights_bytes(arch, fmt, activation_dtype_bytes=2) == pytest.approx(expected, abs=1)
+    # A dense model has no experts: vLLM runs its linear layers unquantized under mxfp4.
+    dense = model("Llama-2-7B").architecture
+    assert weights_bytes(dense, fmt, activation_dtype_bytes=2) == dense.parameter_count * 2
+
+
+def test_an_unknown_method_is_the_checkpoints_size_or_the_8_bit_bound() -> None:
+    arch = model("Llama-2-7B").architecture
+    sized = WeightFormat("Unknown", checkpoint_bytes=4_000_000_000)
+    assert weights_bytes(arch, sized, activation_dtype_bytes=2) == 4_000_000_000
+    bound = weights_bytes(arch, WeightFormat("Unknown"), activation_dtype_bytes=2)
+    int8 = weights_bytes(arch, WeightFormat("CompressedTensors", 8), activation_dtype_bytes=2)
+    assert bound == int8
 
 
 @pytest.mark.parametrize(

@@ -241,7 +241,8 @@ def _eager(ask: Ask) -> Setting:
 
 
 def gpu_choices(ask: Ask, gpu: GPUProfile) -> GpuChoices:
-    fmt = _weight_format_with_pins(ask)
+    # As vLLM lays the weights out on this GPU (MXFP4's expert padding depends on it).
+    fmt = quantization.for_gpu(_weight_format_with_pins(ask), gpu.compute_capability)
     dtype, act_bytes = _dtype(ask, gpu)
     kv_dtype, kv_bytes = _kv_dtype(ask, gpu, act_bytes)
     quant: Setting | None = None
@@ -278,7 +279,7 @@ def candidate(ask: Ask, g: GpuChoices, tp: int, pp: int) -> Candidate | None:
         return None
     indices, link = group
     arch = ask.model.architecture
-    weights = weights_bytes(arch, g.fmt, activation_dtype_bytes=g.dtype_bytes)
+    weights = weights_bytes(arch, g.fmt, activation_dtype_bytes=g.dtype_bytes, tensor_parallel=tp)
     util_source: Literal["Tuner", "Override"]
     if ask.pins.gpu_memory_utilization is not None:
         util = ask.pins.gpu_memory_utilization

@@ -37,7 +37,7 @@ import math
 from typing import Final, Literal
 
 from vllm_operator.tuning.architecture import Architecture
-from vllm_operator.tuning.quantization import WeightFormat
+from vllm_operator.tuning.quantization import WeightFormat, mxfp4_expert_parameters
 
 __all__ = [
     "CPU_BLOCK_SIZE",
@@ -104,12 +104,50 @@ def dtype_bytes(name: str) -> int:
 # --- weights -------------------------------------------------------------------------------
 
 
-def weights_bytes(arch: Architecture, fmt: WeightFormat, *, activation_dtype_bytes: int) -> int:
-    """Bytes of the weights of one replica (all GPUs together)."""
+def weights_bytes(
+    arch: Architecture,
+    fmt: WeightFormat,
+    *,
+    activation_dtype_bytes: int,
+    tensor_parallel: int = 1,
+) -> int:
+    """Bytes of the weights of one replica (all GPUs together).
+
+    Quantized checkpoints keep embeddings, the output head and norms in the activation
+    dtype (GPTQ, AWQ, FP8, compressed-tensors, bitsandbytes); the other layers cost
+    :meth:`WeightFormat.bytes_per_quantized_weight`. Exceptions:
+
+    * GGUF quantizes every tensor, embeddings included: the whole count at its bits.
+    * MXFP4 quantizes the routed experts only (gpt-oss keeps attention, router,
+      embeddings and lm_head in bf16): expert parameters x 4.25 bits (4.5 on Hopper, where
+      vLLM before 0.25 keeps a second copy of the scales), after the padding vLLM's MoE
+      kernel applies on the chosen GPU (``fmt.moe_padding``; it depends on each GPU's
+      share of the intermediate size, hence ``tensor_parallel``), plus the rest in the
+      activation dtype. The expert count is
+      :attr:`Architecture.expert_parameters`: experts x 3 x hidden x intermediate x MoE
+      layers (gate, up and down of a gated MLP per expert).
+    * A method the tuner does not know: the checkpoint's own size when known, else
+      8 bits per weight of the quantized layers (an upper bound for the methods vLLM
+      loads, which store at most 8 bits per weight plus small scales).
+    """
     total = arch.parameter_count
     if not fmt.quantized:
         return total * activation_dtype_bytes
-    # Embeddings, the output head and norms are not quantized in GPTQ/AWQ/FP8 checkpoints.
+    if fmt.method == "Unknown" and fmt.checkpoint_bytes:
+        return fmt.checkpoint_bytes
+    if fmt.method == "GGUF":
+        return math.ceil(total * fmt.bytes_per_quantized_weight())
+    if fmt.method == "MXFP4":
+        experts = min(total, arch.expert_parameters)
+        padded = mxfp4_expert_parameters(
+            experts,
+            hidden_size=arch.hidden_size,
+            intermediate_size=arch.moe_intermediate_size or arch.intermediate_size or 1,
+            padding=fmt.moe_padding,
+            tensor_parallel=tensor_parallel,
+        )
+        rest = total - experts
+        return math.ceil(padded * fmt.bytes_per_quantized_weight()) + rest * activation_dtype_bytes
     norms = 2 * arch.hidden_size * arch.num_layers + arch.hidden_size
     plain = min(total, arch.embedding_parameters + norms)
     quantized = total - plain

@@ -47,10 +47,15 @@ def resolve_model(
     *,
     config: Mapping[str, Any] | None = None,
     fallback_name: str | None = None,
+    checkpoint_bytes: int | None = None,
 ) -> ModelInput | None:
     """The model's shape from the spec, its config.json, or the catalog; None if unknown.
 
-    Quantization: the spec's, else config.json's, else a hint in the repository name.
+    Quantization: the spec's, else config.json's, else a hint in the repository name, else
+    the one the catalog entry's published config.json states (gpt-oss: MXFP4).
+    ``checkpoint_bytes``: the checkpoint's size (``model.safetensors.index.json``'s
+    ``metadata.total_size``) when the caller read it; it sizes the weights of a
+    quantization method the tuner does not know.
     Raises nothing: a config.json that cannot be read counts as absent.
     """
     hf = model.source.hugging_face
@@ -80,11 +85,21 @@ def resolve_model(
         return None
     fmt = (
         quantization.from_spec(model.quantization)
-        or (quantization.from_config(config) if config is not None else None)
+        or (
+            quantization.from_config(config, checkpoint_bytes=checkpoint_bytes)
+            if config is not None
+            else None
+        )
         or quantization.from_name(name)
+        or (_catalog_format(entry) if entry is not None else None)
         or UNQUANTIZED
     )
     return ModelInput(name=name, architecture=arch, weight_format=fmt, origin=origin)
+
+
+def _catalog_format(entry: catalog.CatalogModel) -> WeightFormat | None:
+    fmt = quantization.from_config(entry.config)
+    return dataclasses.replace(fmt, origin=f"catalog ({entry.repo})") if fmt else None
 
 
 @dataclasses.dataclass(frozen=True)
