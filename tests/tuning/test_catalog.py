@@ -214,7 +214,7 @@ def test_the_tuners_miss_says_how_to_give_the_shape_and_what_is_near() -> None:
     assert "architecture is unknown" in message
     assert "Qwen/Qwen2.5-8B-Instruct is not in the tuner's catalog" in message
     assert "spec.model.architecture" in message
-    assert "pvc or image source" in message and "config.json" in message
+    assert "tune FOLDER" in message and "config.json" in message
     assert "nearest catalog names: Qwen/Qwen2.5-7B-Instruct, " in message
     # Suggestions, not the whole catalog.
     assert "meta-llama/Llama-2-13b-hf" not in message
