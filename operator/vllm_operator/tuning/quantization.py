@@ -51,11 +51,12 @@ as config.json spells it. Marlin (Frantar et al., 2024; vLLM's ``gptq_marlin`` /
 speed-up over fp16 at the batch sizes of serving; it needs compute capability 8.0 (Ampere)
 or newer. vLLM picks it by itself when the quantization method is left to
 auto-detection, but an explicit ``--quantization gptq`` forced the slow exllama kernel
-before 0.30 ("Detected that the model can run with gptq_marlin, however you specified
-quantization=gptq explicitly, so forcing gptq"); the tuner therefore names the kernel
-explicitly and says why. Marlin handles 4- and 8-bit GPTQ (symmetric, group sizes -1, 32,
-64, 128, with or without act-order) and 4-bit AWQ; anything else falls back. On a GPU of
-unknown compute capability nothing is passed.
+before 0.22 ("Detected that the model can run with gptq_marlin, however you specified
+quantization=gptq explicitly, so forcing gptq"; from 0.22 both names go to auto_gptq,
+which picks the kernel); the tuner therefore names the kernel explicitly and says why.
+Marlin handles 4- and 8-bit GPTQ (symmetric, group sizes -1, 32, 64, 128, with or without
+act-order) and 4-bit AWQ; anything else falls back. On a GPU of unknown compute capability
+nothing is passed.
 
 Embeddings, the output head and norms stay in the activation dtype in GPTQ, AWQ, FP8 and
 compressed-tensors checkpoints (``lm_head`` is not quantized by default), so their bytes
