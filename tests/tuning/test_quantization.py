@@ -372,6 +372,7 @@ def test_a_plan_for_an_unknown_method_renders_no_quantization_flag() -> None:
     note = next(n for n in tuning.notes if "does not know quantization method 'modelopt'" in n)
     assert "vLLM will detect it" in note
     assert "upper bound of 8 bits per weight" in note
+    assert note in result.notes, "a note of its own, not only inside a prediction's reason"
     deployment = build_deployment(service, tuning, image="vllm:x", replicas=1)
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--quantization" not in args
