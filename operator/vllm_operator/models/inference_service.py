@@ -552,7 +552,15 @@ class InferenceServiceSpec(ApiModel):
     workload: Workload = Field(
         default_factory=Workload, description="The traffic the service will see."
     )
-    slo: SLO = Field(default_factory=SLO, description="Latency objectives.")
+    slo: SLO = Field(
+        default_factory=SLO,
+        description=(
+            "Latency objectives the tuner plans for: a TPOT P99 may buy more GPUs per "
+            "replica on NVLink; a TTFT P99 sets max-num-batched-tokens from the workload's "
+            "p99 prompt. One the plan cannot meet is a note in status.tuning.notes with the "
+            "predicted figure and what would help."
+        ),
+    )
     tuning: TuningSpec = Field(default_factory=TuningSpec, description="Tuning profile.")
     warmup: WarmupSpec = Field(default_factory=WarmupSpec, description="Warmup before traffic.")
     autoscaling: AutoscalingSpec = Field(

@@ -71,6 +71,11 @@ class GPUModel:
     # optional bridge (RTX 3090, A6000, A40...) are not, since most sets have none.
     nvlink: bool = False
     pcie_p2p: bool = True  # peer-to-peer over PCIe (GeForce boards: disabled by the driver)
+    # Dense 16-bit tensor throughput, 10^12 FLOP/s, as the datasheet states it: bf16 (fp16
+    # before compute capability 8.0) with fp32 accumulation, which is what vLLM's GEMMs use
+    # (GeForce boards run it at half their fp16-accumulate rate), without sparsity. Sizes
+    # prefill (TTFT); None where NVIDIA publishes none.
+    tflops: float | None = None
 
     @property
     def memory_bytes(self) -> int:
@@ -84,36 +89,45 @@ class GPUModel:
 # Bandwidth, capability and TDP from NVIDIA's datasheets (product pages, the CUDA
 # compute-capability table at developer.nvidia.com/cuda-gpus). Ordered so that, among equal
 # matches, the smaller memory variant comes first (the conservative guess).
+# Tensor TFLOPS (dense): GeForce from the architecture whitepapers' "FP16 Tensor TFLOPS with
+# FP32 Accumulate" (Ampere GA102: RTX 3090 71, 3080 59.5, 3060 25.5 from its 12.7 FP32
+# TFLOPS x2 like the others; Ada AD102: RTX 4090 165.2, 4080 97.5; Blackwell GB202: RTX 5090
+# 209.5); data-centre and workstation boards from their datasheets' BF16 (FP16 for T4 and
+# V100) tensor figure, halved where only the sparse one is printed: A100 312, A30 165, A10
+# 125, A40 149.7, RTX A6000 154.8 (309.7 sparse), L4 121 (242), L40 181 (362), L40S 362
+# (733), H100 SXM 989, H100 PCIe 756, H100 NVL 835, H200 989, H200 NVL 835, B200 2250 (4.5
+# PFLOPS sparse), T4 65, V100 SXM2 125. RTX 6000 Ada: 1,457 FP8 sparse / 8 = 182.1, as the
+# same AD102 L40's. A10G (an AWS part): none published.
 CATALOG: Final[tuple[GPUModel, ...]] = (
-    GPUModel("RTX-3060", ("3060",), 12288, 360, (8, 6), 170, 4, pcie_p2p=False),
-    GPUModel("RTX-3080", ("3080",), 10240, 760, (8, 6), 320, 4, pcie_p2p=False),
-    GPUModel("RTX-3090", ("3090",), 24576, 936, (8, 6), 350, 4, pcie_p2p=False),
-    GPUModel("RTX-4080", ("4080",), 16376, 717, (8, 9), 320, 4, pcie_p2p=False),
-    GPUModel("RTX-4090", ("4090",), 24564, 1008, (8, 9), 450, 4, pcie_p2p=False),
-    GPUModel("RTX-5090", ("5090",), 32607, 1792, (12, 0), 575, 5, pcie_p2p=False),
-    GPUModel("RTX-A6000", ("a6000",), 49140, 768, (8, 6), 300, 4),
-    GPUModel("RTX-6000-Ada", ("6000", "ada"), 49140, 960, (8, 9), 300, 4),
-    GPUModel("T4", ("t4",), 15360, 320, (7, 5), 70, 3),
-    GPUModel("V100-16GB", ("v100",), 16384, 900, (7, 0), 300, 3, nvlink=True),
-    GPUModel("V100-32GB", ("v100", "32gb"), 32768, 900, (7, 0), 300, 3, nvlink=True),
-    GPUModel("A10", ("a10",), 23028, 600, (8, 6), 150, 4),
+    GPUModel("RTX-3060", ("3060",), 12288, 360, (8, 6), 170, 4, pcie_p2p=False, tflops=25.5),
+    GPUModel("RTX-3080", ("3080",), 10240, 760, (8, 6), 320, 4, pcie_p2p=False, tflops=59.5),
+    GPUModel("RTX-3090", ("3090",), 24576, 936, (8, 6), 350, 4, pcie_p2p=False, tflops=71),
+    GPUModel("RTX-4080", ("4080",), 16376, 717, (8, 9), 320, 4, pcie_p2p=False, tflops=97.5),
+    GPUModel("RTX-4090", ("4090",), 24564, 1008, (8, 9), 450, 4, pcie_p2p=False, tflops=165.2),
+    GPUModel("RTX-5090", ("5090",), 32607, 1792, (12, 0), 575, 5, pcie_p2p=False, tflops=209.5),
+    GPUModel("RTX-A6000", ("a6000",), 49140, 768, (8, 6), 300, 4, tflops=154.8),
+    GPUModel("RTX-6000-Ada", ("6000", "ada"), 49140, 960, (8, 9), 300, 4, tflops=182.1),
+    GPUModel("T4", ("t4",), 15360, 320, (7, 5), 70, 3, tflops=65),
+    GPUModel("V100-16GB", ("v100",), 16384, 900, (7, 0), 300, 3, nvlink=True, tflops=125),
+    GPUModel("V100-32GB", ("v100", "32gb"), 32768, 900, (7, 0), 300, 3, nvlink=True, tflops=125),
+    GPUModel("A10", ("a10",), 23028, 600, (8, 6), 150, 4, tflops=125),
     GPUModel("A10G", ("a10g",), 23028, 600, (8, 6), 300, 4),
-    GPUModel("A30", ("a30",), 24576, 933, (8, 0), 165, 4),
-    GPUModel("A40", ("a40",), 46068, 696, (8, 6), 300, 4),
-    GPUModel("L4", ("l4",), 23034, 300, (8, 9), 72, 4),
-    GPUModel("L40", ("l40",), 46068, 864, (8, 9), 300, 4),
-    GPUModel("L40S", ("l40s",), 46068, 864, (8, 9), 350, 4),
-    GPUModel("A100-40GB", ("a100",), 40960, 1555, (8, 0), 400, 4, nvlink=True),
-    GPUModel("A100-40GB", ("a100", "40gb"), 40960, 1555, (8, 0), 400, 4, nvlink=True),
-    GPUModel("A100-80GB", ("a100", "80gb"), 81920, 2039, (8, 0), 400, 4, nvlink=True),
-    GPUModel("A100-40GB-PCIe", ("a100", "40gb", "pcie"), 40960, 1555, (8, 0), 250, 4),
-    GPUModel("A100-80GB-PCIe", ("a100", "80gb", "pcie"), 81920, 1935, (8, 0), 300, 4),
-    GPUModel("H100-80GB", ("h100",), 81559, 3350, (9, 0), 700, 5, nvlink=True),
-    GPUModel("H100-PCIe", ("h100", "pcie"), 81559, 2000, (9, 0), 350, 5),
-    GPUModel("H100-NVL", ("h100", "nvl"), 95830, 3900, (9, 0), 400, 5, nvlink=True),
-    GPUModel("H200", ("h200",), 143771, 4800, (9, 0), 700, 5, nvlink=True),
-    GPUModel("H200-NVL", ("h200", "nvl"), 143771, 4800, (9, 0), 600, 5, nvlink=True),
-    GPUModel("B200", ("b200",), 183359, 8000, (10, 0), 1000, 5, nvlink=True),
+    GPUModel("A30", ("a30",), 24576, 933, (8, 0), 165, 4, tflops=165),
+    GPUModel("A40", ("a40",), 46068, 696, (8, 6), 300, 4, tflops=149.7),
+    GPUModel("L4", ("l4",), 23034, 300, (8, 9), 72, 4, tflops=121),
+    GPUModel("L40", ("l40",), 46068, 864, (8, 9), 300, 4, tflops=181),
+    GPUModel("L40S", ("l40s",), 46068, 864, (8, 9), 350, 4, tflops=362),
+    GPUModel("A100-40GB", ("a100",), 40960, 1555, (8, 0), 400, 4, nvlink=True, tflops=312),
+    GPUModel("A100-40GB", ("a100", "40gb"), 40960, 1555, (8, 0), 400, 4, nvlink=True, tflops=312),
+    GPUModel("A100-80GB", ("a100", "80gb"), 81920, 2039, (8, 0), 400, 4, nvlink=True, tflops=312),
+    GPUModel("A100-40GB-PCIe", ("a100", "40gb", "pcie"), 40960, 1555, (8, 0), 250, 4, tflops=312),
+    GPUModel("A100-80GB-PCIe", ("a100", "80gb", "pcie"), 81920, 1935, (8, 0), 300, 4, tflops=312),
+    GPUModel("H100-80GB", ("h100",), 81559, 3350, (9, 0), 700, 5, nvlink=True, tflops=989),
+    GPUModel("H100-PCIe", ("h100", "pcie"), 81559, 2000, (9, 0), 350, 5, tflops=756),
+    GPUModel("H100-NVL", ("h100", "nvl"), 95830, 3900, (9, 0), 400, 5, nvlink=True, tflops=835),
+    GPUModel("H200", ("h200",), 143771, 4800, (9, 0), 700, 5, nvlink=True, tflops=989),
+    GPUModel("H200-NVL", ("h200", "nvl"), 143771, 4800, (9, 0), 600, 5, nvlink=True, tflops=835),
+    GPUModel("B200", ("b200",), 183359, 8000, (10, 0), 1000, 5, nvlink=True, tflops=2250),
 )
 
 _SIZE: Final = re.compile(r"\d+gb")
@@ -184,6 +198,12 @@ class GPUProfile:
     @property
     def pcie_p2p(self) -> bool:
         return self.model.pcie_p2p if self.model else True
+
+    @property
+    def flops_per_second(self) -> float | None:
+        """Datasheet dense 16-bit tensor FLOP/s of one GPU; None if the catalog has none."""
+        tflops = self.model.tflops if self.model else None
+        return tflops * 1e12 if tflops else None
 
     def link(self, a: int, b: int) -> LinkKind:
         """How GPUs ``a`` and ``b`` reach each other; SYS (the worst) when unknown."""

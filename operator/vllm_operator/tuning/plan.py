@@ -63,6 +63,7 @@ from vllm_operator.tuning.memory import GIB
 from vllm_operator.tuning.performance import (
     MEASURED_EFFICIENCY,
     SPEC_EFFICIENCY,
+    length_quantile,
     load_time,
 )
 from vllm_operator.tuning.pod import pod_plan
@@ -129,6 +130,7 @@ def _plan(ask: Ask, gpu: GPUProfile) -> Plan | DoesNotFit:
     if isinstance(choice, DoesNotFit):
         return choice
     c = choice.candidate
+    g = choice.gpu_choices or g
     model_max = arch.max_position_embeddings
     if ctx.origin == "override" and ctx.wanted > model_max:
         return DoesNotFit(
@@ -372,6 +374,9 @@ def plan(
         slo=slo or SLO(),
         node=node or NodeSpec(),
         downloads_weights=downloads_weights,
+        prompt_p99=length_quantile(workload.prompt_tokens, 0.99)
+        if workload.prompt_tokens
+        else None,
     )
     return _plan(ask, gpu)
 

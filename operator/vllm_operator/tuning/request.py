@@ -118,6 +118,7 @@ class Ask:
     slo: SLO
     node: NodeSpec
     downloads_weights: bool
+    prompt_p99: int | None = None  # the workload's p99 prompt length (TTFT P99)
 
 
 @dataclasses.dataclass(frozen=True)
