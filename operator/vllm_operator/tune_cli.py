@@ -414,6 +414,7 @@ def tune(args: argparse.Namespace) -> tuple[TuningResult, ModelInput | None]:
         dtype=model_spec.dtype,
         gpu_count=count,
         replicas=replicas,
+        vllm_version=deployed.version,
     )
     return for_release(planned, release, deployed, version_note), model
 

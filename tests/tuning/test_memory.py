@@ -12,6 +12,7 @@ from vllm_operator.tuning.architecture import Architecture
 from vllm_operator.tuning.args import Pins, read_overrides
 from vllm_operator.tuning.memory import (
     GIB,
+    cuda_total_bytes,
     gpu_memory_plan,
     kv_bytes_per_token,
     kv_cache_capacity,
@@ -142,9 +143,9 @@ def test_the_budget_adds_up() -> None:
         weights_per_gpu=10 * GIB,
         activations=GIB,
         tensor_parallel=1,
-        cuda_graphs=True,
+        cuda_graphs=GIB // 2,
     )
-    assert plan.budget == math.ceil(24 * GIB * 0.9)
+    assert plan.budget == math.ceil(cuda_total_bytes(24 * GIB) * 0.9)
     assert (
         plan.weights + plan.activations + plan.non_torch + plan.cuda_graphs + plan.kv_cache
         == plan.budget
@@ -155,7 +156,7 @@ def test_the_budget_adds_up() -> None:
         weights_per_gpu=10 * GIB,
         activations=GIB,
         tensor_parallel=1,
-        cuda_graphs=False,
+        cuda_graphs=0,
     )
     assert eager.kv_cache == plan.kv_cache + plan.cuda_graphs
 
@@ -167,7 +168,7 @@ def test_a_pinned_kv_size_that_does_not_fit_shows_the_shortfall() -> None:
         weights_per_gpu=20 * GIB,
         activations=GIB,
         tensor_parallel=1,
-        cuda_graphs=True,
+        cuda_graphs=GIB // 2,
         kv_cache_bytes=4 * GIB,
     )
     assert plan.kv_cache < 0

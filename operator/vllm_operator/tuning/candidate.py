@@ -25,6 +25,7 @@ from vllm_operator.tuning.memory import (
     GpuMemoryPlan,
     KVCacheCapacity,
     activation_bytes,
+    cuda_graph_bytes,
     dtype_bytes,
     gpu_memory_plan,
     kv_bytes_per_token,
@@ -298,7 +299,12 @@ def candidate(ask: Ask, g: GpuChoices, tp: int, pp: int) -> Candidate | None:
         max_num_seqs=g.seqs_target,
         dtype_bytes=g.dtype_bytes,
         tensor_parallel=tp,
+        version=ask.vllm_version,
+        fused_moe=g.fmt.method != "MXFP4",
     )
+    graphs = 0
+    if g.eager.value != "true":
+        graphs = cuda_graph_bytes(arch, max_num_seqs=g.seqs_target, pipeline_parallel=pp)
     offload = int((ask.pins.cpu_offload_gb or 0) * 10**9)
     memory = gpu_memory_plan(
         total_bytes=gpu.memory_bytes,
@@ -306,9 +312,12 @@ def candidate(ask: Ask, g: GpuChoices, tp: int, pp: int) -> Candidate | None:
         weights_per_gpu=math.ceil(weights / (tp * pp)),
         activations=act,
         tensor_parallel=tp,
-        cuda_graphs=g.eager.value != "true",
+        cuda_graphs=graphs,
         cpu_offload_bytes=offload,
         kv_cache_bytes=ask.pins.kv_cache_memory_bytes,
+        version=ask.vllm_version,
+        # NCCL's NVLink buffers: an NVLink part (SXM, NVSwitch) joined over NVLink.
+        nvlink=link == "NVLink" and gpu.model is not None and gpu.model.nvlink,
     )
     return Candidate(
         tp=tp,

@@ -36,6 +36,7 @@ import dataclasses
 import math
 from typing import Final, Literal
 
+from vllm_operator.releases.version import TESTED_VERSION, Version
 from vllm_operator.tuning.architecture import Architecture
 from vllm_operator.tuning.quantization import WeightFormat, mxfp4_expert_parameters
 
@@ -45,12 +46,17 @@ __all__ = [
     "GPU_BLOCK_SIZE",
     "GpuMemoryPlan",
     "KVCacheCapacity",
+    "ReleaseMemoryModel",
     "activation_bytes",
+    "cuda_graph_bytes",
+    "cuda_total_bytes",
     "dtype_bytes",
     "gpu_memory_plan",
     "kv_bytes_per_token",
     "kv_cache_capacity",
+    "memory_model",
     "memory_utilization",
+    "non_torch_bytes",
     "sequence_kv_bytes",
     "weights_bytes",
 ]
@@ -76,17 +82,6 @@ RUNTIME_ALLOWANCE_BYTES: Final = int(1.2 * GIB)
 # Plus a share of the card for estimation error that grows with what is allocated.
 PROPORTIONAL_ALLOWANCE: Final = 0.01
 MAX_UTILIZATION: Final = 0.95
-
-# Inside the budget, not torch tensors: cuBLAS/cuDNN workspaces; with TP > 1 also NCCL
-# channel buffers and the custom all-reduce's IPC buffers. vLLM logs ~0.1-0.4 GiB
-# ("non_torch_memory takes 0.39GiB", vllm-project/vllm#11251) for one GPU.
-NON_TORCH_BYTES: Final = 256 * MIB
-NON_TORCH_TP_BYTES: Final = 512 * MIB
-# CUDA graphs for the decode batch sizes (captured up to 2 x max-num-seqs, at most 512):
-# vLLM logs "Estimated CUDA graph memory: 0.58 GiB" and "Graph capturing ... took 0.46 GiB"
-# for mid-size models; a fixed estimate plus the all-reduce graph buffers under TP.
-CUDA_GRAPH_BYTES: Final = 512 * MIB
-CUDA_GRAPH_TP_BYTES: Final = 256 * MIB
 
 DtypeName = Literal["bfloat16", "float16", "float32", "fp8"]
 
@@ -261,7 +256,164 @@ def kv_cache_capacity(
     )
 
 
+# --- the release lines ----------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ReleaseMemoryModel:
+    """How one line of vLLM releases splits its budget (docs/memory-model.md).
+
+    The split itself is the same from 0.10 on (``vllm/v1/worker/gpu_worker.py``,
+    ``determine_available_memory``): KV cache = ``ceil(utilization x CUDA total)`` (``v1/
+    worker/utils.py``, ``request_memory``) - weights - the torch peak increase of the profile
+    run (activations) - the non-torch increase since the worker started - the CUDA-graph
+    estimate where the release deducts it. What differs by line is below; each figure says
+    where it comes from (a release's source, or the calibration points of
+    ``tests/tuning/data/vllm_startup_logs.yaml`` it is fitted to).
+    """
+
+    first: Version  # the first release of the line
+    # The sampler warm-up (gpu_model_runner.py, _dummy_sampler_run): top-k/top-p over the
+    # fp32 logits of min(max_num_seqs, max_num_batched_tokens) requests. Its peak, in copies
+    # of those logits (the logits, probabilities, the noise of the exponential race, and
+    # the sort's values and int64 indices before the Triton kernel):
+    sampler_logit_copies: float
+    # The fused-MoE intermediate caches live in the workspace manager from 0.13
+    # (fused_moe/*: current_workspace_manager), so they stay allocated and add to the peak;
+    # before, they were freed per call and only the larger of forward and sampler counts.
+    moe_workspace_persistent: bool
+    moe_chunk_tokens: int  # VLLM_FUSED_MOE_CHUNK_SIZE (envs.py): 32768, 16 x 1024 from 0.13
+    non_torch_single_gpu: int  # cuBLAS/cuDNN workspaces, one GPU (fitted, see below)
+    # The CUDA-graph estimate (profile_cudagraph_memory, 0.18+) comes out of the KV budget:
+    # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to 1 from 0.20.0 (envs.py; its log
+    # line says "default since v0.21.0"). Before, graphs are captured after the KV cache is
+    # allocated, from the memory outside the budget.
+    graphs_in_budget: bool
+    source: str
+
+
+# Fitted to the calibration points (ids of tests/tuning/data/vllm_startup_logs.yaml):
+# sampler copies 9.5 before 0.17 from llmd-sweep-v0.15.0/v0.16.0-qwen3-14b (5.64 GiB) and
+# pr21429-qwen3-235b (5.62 GiB, 0.10 development); 3.7 from 0.17 from the 15 single-stage
+# llmd-v0.19.0-* points and llmd-sweep-v0.17.0/v0.18.0 (2.23 GiB): least squares, within
+# 0.12 GiB of every point. 0.17 is where v1/sample/ops/topk_topp_triton.py replaced the
+# PyTorch sort for batches of 8 or more.
+SAMPLER_COPIES_SORT: Final = 9.5
+SAMPLER_COPIES_TRITON: Final = 3.7
+# The hidden states of the profile batch, kept while the sampler runs (and the residual
+# beside them): 1.5 copies of max_num_batched_tokens x hidden, fitted with the above.
+HIDDEN_COPIES: Final = 1.5
+# Non-torch memory on one GPU: 0.13 GiB in llmd-sweep-v0.15.0..v0.17.0, 0.25 GiB from
+# llmd-sweep-v0.18.0 and the llmd-v0.19.0 TP 1 points (0.24-0.27).
+NON_TORCH_SINGLE_OLD: Final = int(0.13 * GIB)
+NON_TORCH_SINGLE: Final = int(0.25 * GIB)
+# Under tensor parallelism over NVLink, NCCL's NVLink-SHARP and the all-reduce buffers add
+# about 1.8 GiB per GPU: 2.06-2.11 GiB at TP 2 and 2.13-2.21 at TP 4 in llmd-v0.19.0-*,
+# 2.04 at TP 4 in pr21429 (0.10): 2.0 GiB + 0.04 GiB per GPU of the group.
+NON_TORCH_NVLINK_BASE: Final = int(2.0 * GIB)
+NON_TORCH_NVLINK_PER_GPU: Final = int(0.04 * GIB)
+# Over PCIe (no NVLS, and GeForce boards have no peer-to-peer for the custom all-reduce)
+# NCCL's channel buffers are small: 0.25 GiB per rank at TP 2 on RTX 4090s
+# (issue13061-r1-distill-qwen-14b-2x4090-tp2, a V0 log; no V1 log shows it). Assumed the
+# single-GPU figure plus this.
+NON_TORCH_PCIE_TP: Final = 64 * MIB
+# Pipeline parallelism without TP: 0.07 GiB on the rank llmd-v0.19.0-llama-3.1-8b-*-pp2
+# shows; the tuner keeps the single-GPU figure (the last stage binds the KV size).
+# CUDA-graph estimate (profile_cudagraph_memory: the first capture plus (n - 1) x the
+# second's): 0.30 GiB + 0.018 GiB per layer of the stage at vLLM's capture sizes up to 512,
+# least squares over the 16 llmd-v0.19.0-* estimates (0.54-1.92 GiB; the estimate itself
+# scatters by 2x at fixed shape: Llama-3.1-8B 0.84 / 1.69 / 0.57 at TP 1 / 2 / 4). The
+# per-layer part scales with the number of capture sizes (max 2 x max_num_seqs, at most
+# 512: config/compilation.py).
+GRAPH_FIRST_CAPTURE: Final = int(0.30 * GIB)
+GRAPH_PER_LAYER: Final = int(0.018 * GIB)
+GRAPH_MAX_CAPTURE: Final = 512
+
+RELEASE_LINES: Final[tuple[ReleaseMemoryModel, ...]] = (
+    ReleaseMemoryModel(
+        Version(0, 10, 0),
+        SAMPLER_COPIES_SORT,
+        moe_workspace_persistent=False,
+        moe_chunk_tokens=32768,
+        non_torch_single_gpu=NON_TORCH_SINGLE_OLD,
+        graphs_in_budget=False,
+        source="0.10.0 sdist; pr21429 (0.10 development)",
+    ),
+    ReleaseMemoryModel(
+        Version(0, 13, 0),
+        SAMPLER_COPIES_SORT,
+        moe_workspace_persistent=True,
+        moe_chunk_tokens=16 * 1024,
+        non_torch_single_gpu=NON_TORCH_SINGLE_OLD,
+        graphs_in_budget=False,
+        source="0.13.0 sdist (fused-MoE workspace manager); llmd-sweep-v0.15.0/v0.16.0",
+    ),
+    ReleaseMemoryModel(
+        Version(0, 17, 0),
+        SAMPLER_COPIES_TRITON,
+        moe_workspace_persistent=True,
+        moe_chunk_tokens=16 * 1024,
+        non_torch_single_gpu=NON_TORCH_SINGLE_OLD,
+        graphs_in_budget=False,
+        source="0.17.0 sdist (Triton top-k/top-p); llmd-sweep-v0.17.0",
+    ),
+    ReleaseMemoryModel(
+        Version(0, 18, 0),
+        SAMPLER_COPIES_TRITON,
+        moe_workspace_persistent=True,
+        moe_chunk_tokens=16 * 1024,
+        non_torch_single_gpu=NON_TORCH_SINGLE,
+        graphs_in_budget=False,
+        source="llmd-sweep-v0.18.0; llmd-v0.19.0-* (17 logs)",
+    ),
+    ReleaseMemoryModel(
+        Version(0, 20, 0),
+        SAMPLER_COPIES_TRITON,
+        moe_workspace_persistent=True,
+        moe_chunk_tokens=16 * 1024,
+        non_torch_single_gpu=NON_TORCH_SINGLE,
+        graphs_in_budget=True,
+        source="0.20.0 sdist (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1); no complete "
+        "log after 0.19: the rest as 0.19",
+    ),
+)
+
+
+def memory_model(version: Version = TESTED_VERSION) -> ReleaseMemoryModel:
+    """The line ``version`` belongs to (the oldest line for anything before 0.10)."""
+    chosen = RELEASE_LINES[0]
+    for line in RELEASE_LINES:
+        if version >= line.first:
+            chosen = line
+    return chosen
+
+
+# --- the CUDA total ------------------------------------------------------------------------
+
+# vLLM multiplies the total of torch.cuda.mem_get_info (cudaMemGetInfo), which is below
+# NVML's (nvidia-smi, GPU Feature Discovery's label): the driver keeps part of the memory.
+# The gap: RTX 3090 24,576 MiB vs 23.58 GiB (0.42), RTX 4090 24,564 MiB vs 23.55 (0.44),
+# RTX 5090 32,607 MiB vs 31.4 (0.44), RTX A6000 49,140 MiB vs 47.54 (0.45), H100 81,559 MiB
+# vs 79.19 (0.46), H200 143,771 MiB vs 139.80 (0.60). Fitted: 0.39 GiB + 0.13 % of the
+# card, within 0.04 GiB of each (tests/tuning/test_memory_calibration.py).
+CUDA_RESERVED_BYTES: Final = int(0.39 * GIB)
+CUDA_RESERVED_SHARE: Final = 0.0013
+
+
+def cuda_total_bytes(card_bytes: int) -> int:
+    """The total CUDA reports for a card whose NVML (nvidia-smi) total is ``card_bytes``."""
+    return max(0, card_bytes - CUDA_RESERVED_BYTES - int(CUDA_RESERVED_SHARE * card_bytes))
+
+
 # --- the rest of the budget ----------------------------------------------------------------
+
+
+def _moe_workspace(arch: Architecture, tokens: int, dtype_bytes: int, tp: int, chunk: int) -> int:
+    """fused_moe's intermediate caches for a batch (fused_moe.py: cache1 of M x top-k x
+    2N, cache2 of M x top-k x N, cache3 of M x top-k x hidden; N the GPU's expert width)."""
+    width = (arch.moe_intermediate_size or arch.intermediate_size or 4 * arch.hidden_size) // tp
+    rows = min(tokens, chunk) * (arch.num_experts_per_token or 1)
+    return rows * (3 * width + arch.hidden_size) * dtype_bytes
 
 
 def activation_bytes(
@@ -271,58 +423,104 @@ def activation_bytes(
     max_num_seqs: int,
     dtype_bytes: int,
     tensor_parallel: int = 1,
+    version: Version = TESTED_VERSION,
+    fused_moe: bool = True,
 ) -> int:
-    """Peak activation memory of vLLM's startup profile run, on one GPU (an estimate).
+    """The torch peak increase of vLLM's profile run on one GPU (the last pipeline stage,
+    which samples and so binds the KV size).
 
-    The profile run pushes ``max_num_batched_tokens`` dummy tokens through the model, then
-    samples for ``max_num_seqs`` requests. Its peak is the widest point of a layer (the
-    MLP's gate-and-up output plus its activation, beside a few hidden-size buffers and the
-    attention projections) and the fp32 logits of the sampler with the copies top-p/top-k
-    sorting makes. Calibrated against logs such as "PyTorch activation peak memory takes
-    2.53GiB" (vllm-project/vllm#11251) within a few hundred MiB.
+    The profile run (``gpu_model_runner.py``, ``profile_run``) pushes
+    ``max_num_batched_tokens`` dummy tokens through the model, then warms the sampler with
+    ``min(max_num_seqs, max_num_batched_tokens)`` requests. The peak is the larger of
+
+    * the forward pass: the widest point of a layer, ``tokens x (4 hidden + QKV / TP +
+      3 MLP width / TP)`` elements (the gate-and-up output, its activation, the residual);
+    * the sampler phase: ``sampler_logit_copies`` fp32 logits of every request plus
+      ``HIDDEN_COPIES`` of the batch's hidden states (see :class:`ReleaseMemoryModel`);
+
+    plus, for MoE layers run by fused_moe from 0.13, its workspace (it stays allocated).
+    MXFP4 experts (gpt-oss) run other kernels: ``fused_moe=False``. Neither term depends on
+    ``max_model_len`` or on TP (the logits are gathered whole), as the 0.19 logs show.
     """
+    line = memory_model(version)
     tp = max(1, tensor_parallel)
+    tokens = max_num_batched_tokens
     h = arch.hidden_size
-    if arch.is_moe:
-        inter = (arch.moe_intermediate_size or arch.intermediate_size or 4 * h) * (
-            arch.num_experts_per_token or 1
-        )
-    else:
-        inter = arch.intermediate_size or 4 * h
     qkv = (arch.num_attention_heads + 2 * arch.num_kv_heads) * arch.head_dim
-    per_token = dtype_bytes * (4 * h + qkv // tp + 3 * inter // tp)
-    # Logits (fp32) for every sampled request, plus sorted values and int64 indices.
-    sampler = max_num_seqs * arch.vocab_size * (4 + 4 + 8)
-    return max_num_batched_tokens * per_token + sampler
+    moe = arch.is_moe and fused_moe
+    inter = 0 if arch.is_moe else (arch.intermediate_size or 4 * h)
+    forward = tokens * dtype_bytes * (4 * h + qkv // tp + 3 * inter // tp)
+    workspace = _moe_workspace(arch, tokens, dtype_bytes, tp, line.moe_chunk_tokens) if moe else 0
+    requests = min(max_num_seqs, tokens)
+    sampler = int(line.sampler_logit_copies * requests * arch.vocab_size * 4) + int(
+        HIDDEN_COPIES * tokens * h * dtype_bytes
+    )
+    if line.moe_workspace_persistent:
+        return max(forward, sampler) + workspace
+    return max(forward + workspace, sampler)
+
+
+def non_torch_bytes(
+    tensor_parallel: int, *, nvlink: bool = True, version: Version = TESTED_VERSION
+) -> int:
+    """Memory vLLM uses outside torch's allocator on one GPU (see the constants above)."""
+    single = memory_model(version).non_torch_single_gpu
+    if tensor_parallel <= 1:
+        return single
+    if nvlink:
+        return NON_TORCH_NVLINK_BASE + NON_TORCH_NVLINK_PER_GPU * tensor_parallel
+    return single + NON_TORCH_PCIE_TP
+
+
+def _capture_sizes(max_num_seqs: int) -> int:
+    """How many batch sizes vLLM captures (config/compilation.py: 1, 2, 4, then steps of
+    8 to 256 and of 16 beyond, up to min(2 x max_num_seqs, 512))."""
+    top = min(GRAPH_MAX_CAPTURE, 2 * max(1, max_num_seqs))
+    sizes = [s for s in (1, 2, 4) if s <= top]
+    sizes += list(range(8, min(top, 256) + 1, 8))
+    sizes += list(range(272, top + 1, 16))
+    return len(sizes)
+
+
+def cuda_graph_bytes(arch: Architecture, *, max_num_seqs: int, pipeline_parallel: int = 1) -> int:
+    """vLLM's CUDA-graph estimate on one GPU (see GRAPH_FIRST_CAPTURE above)."""
+    layers = _layers_per_stage(arch, pipeline_parallel)
+    share = _capture_sizes(max_num_seqs) / _capture_sizes(GRAPH_MAX_CAPTURE)
+    return GRAPH_FIRST_CAPTURE + int(GRAPH_PER_LAYER * layers * share)
 
 
 def memory_utilization(memory_bytes: int) -> tuple[float, int]:
     """The ``--gpu-memory-utilization`` for a card, and the bytes it leaves outside vLLM.
 
-    Outside vLLM's budget go the CUDA context, the runtime allowance and 1 % of the card;
-    the result is rounded down to two decimals and capped at 0.95.
+    vLLM multiplies the CUDA total (:func:`cuda_total_bytes`), not the card's. Outside its
+    budget go the CUDA context, the runtime allowance and 1 % of the card; the result is
+    rounded down to two decimals and capped at 0.95. ``memory_bytes`` is the card's (NVML)
+    total; the bytes left outside are counted from it.
     """
+    total = cuda_total_bytes(memory_bytes)
     reserve = (
         CUDA_CONTEXT_BYTES + RUNTIME_ALLOWANCE_BYTES + int(PROPORTIONAL_ALLOWANCE * memory_bytes)
     )
-    fraction = math.floor(max(0.0, 1 - reserve / memory_bytes) * 100) / 100
+    fraction = math.floor(max(0.0, 1 - reserve / total) * 100) / 100 if total else 0.0
     fraction = min(MAX_UTILIZATION, fraction)
-    return fraction, memory_bytes - math.ceil(fraction * memory_bytes)
+    return fraction, memory_bytes - math.ceil(fraction * total)
 
 
 @dataclasses.dataclass(frozen=True)
 class GpuMemoryPlan:
     """One GPU of a replica: the budget and how it is spent. Bytes throughout."""
 
-    total: int
+    total: int  # the CUDA total vLLM multiplies (below the card's NVML total)
     utilization: float
     budget: int  # ceil(utilization x total), as vLLM computes it
     weights: int
     non_torch: int
     activations: int
-    cuda_graphs: int
+    cuda_graphs: int  # the CUDA-graph estimate where the release deducts it, else 0
     kv_cache: int  # what is left; negative when the rest does not fit
     cpu_offload: int = 0
+    # Graph memory captured after the KV cache, outside the budget (releases before 0.20).
+    cuda_graphs_outside: int = 0
 
     @property
     def fits_weights(self) -> bool:
@@ -330,10 +528,15 @@ class GpuMemoryPlan:
 
     def describe(self) -> str:
         g = GIB
+        outside = (
+            f" (CUDA graphs ~{self.cuda_graphs_outside / g:.2f} GiB outside the budget)"
+            if self.cuda_graphs_outside
+            else ""
+        )
         return (
             f"{self.weights / g:.2f} GiB weights + "
             f"{self.activations / g:.2f} activations + {self.non_torch / g:.2f} non-torch + "
-            f"{self.cuda_graphs / g:.2f} CUDA graphs + {self.kv_cache / g:.2f} KV cache"
+            f"{self.cuda_graphs / g:.2f} CUDA graphs + {self.kv_cache / g:.2f} KV cache" + outside
         )
 
 
@@ -344,16 +547,22 @@ def gpu_memory_plan(
     weights_per_gpu: int,
     activations: int,
     tensor_parallel: int,
-    cuda_graphs: bool,
+    cuda_graphs: int,
     cpu_offload_bytes: int = 0,
     kv_cache_bytes: int | None = None,
+    version: Version = TESTED_VERSION,
+    nvlink: bool = True,
 ) -> GpuMemoryPlan:
-    """The budget of one GPU. ``kv_cache_bytes`` pins the KV size (``--kv-cache-memory-bytes``)."""
-    budget = math.ceil(total_bytes * utilization)
-    non_torch = NON_TORCH_BYTES + (NON_TORCH_TP_BYTES if tensor_parallel > 1 else 0)
-    graphs = (CUDA_GRAPH_BYTES + (CUDA_GRAPH_TP_BYTES if tensor_parallel > 1 else 0)) * int(
-        cuda_graphs
-    )
+    """The budget of one GPU whose card (NVML) total is ``total_bytes``.
+
+    ``cuda_graphs``: the CUDA-graph estimate (0 when eager), deducted where the release
+    does. ``kv_cache_bytes`` pins the KV size (``--kv-cache-memory-bytes``).
+    """
+    line = memory_model(version)
+    cuda_total = cuda_total_bytes(total_bytes)
+    budget = math.ceil(cuda_total * utilization)
+    non_torch = non_torch_bytes(tensor_parallel, nvlink=nvlink, version=version)
+    graphs = cuda_graphs if line.graphs_in_budget else 0
     weights = max(0, weights_per_gpu - cpu_offload_bytes)
     left = budget - weights - non_torch - activations - graphs
     if kv_cache_bytes is None:
@@ -363,7 +572,7 @@ def gpu_memory_plan(
         # (a negative value is the shortfall).
         kv = kv_cache_bytes if left >= kv_cache_bytes else left - kv_cache_bytes
     return GpuMemoryPlan(
-        total=total_bytes,
+        total=cuda_total,
         utilization=utilization,
         budget=budget,
         weights=weights,
@@ -372,4 +581,5 @@ def gpu_memory_plan(
         cuda_graphs=graphs,
         kv_cache=kv,
         cpu_offload=min(cpu_offload_bytes, weights_per_gpu),
+        cuda_graphs_outside=0 if line.graphs_in_budget else cuda_graphs,
     )

@@ -53,7 +53,7 @@ from vllm_operator.models.inference_service import (
 )
 from vllm_operator.models.workload import SLO, Workload
 from vllm_operator.releases.arguments import arguments_for
-from vllm_operator.releases.version import TESTED_VERSION, DeployedVersion
+from vllm_operator.releases.version import TESTED_VERSION, DeployedVersion, Version
 from vllm_operator.tuning import catalog
 from vllm_operator.tuning.args import Setting, apply_overrides, read_overrides
 from vllm_operator.tuning.candidate import Candidate, GpuChoices, decode_estimate, gpu_choices
@@ -353,8 +353,10 @@ def plan(
     gpu_count: int | Literal["auto"] = "auto",
     replicas: int = 1,
     downloads_weights: bool = False,
+    vllm_version: Version = TESTED_VERSION,
 ) -> Plan | DoesNotFit:
-    """Plan one replica of ``model`` on the GPU set ``gpu``."""
+    """Plan one replica of ``model`` on the GPU set ``gpu`` for vLLM ``vllm_version``
+    (its memory model: tuning/memory.py)."""
     tuning = tuning or TuningSpec()
     workload = workload or Workload()
     replicas = max(1, replicas)
@@ -374,6 +376,7 @@ def plan(
         slo=slo or SLO(),
         node=node or NodeSpec(),
         downloads_weights=downloads_weights,
+        vllm_version=vllm_version,
         prompt_p99=length_quantile(workload.prompt_tokens, 0.99)
         if workload.prompt_tokens
         else None,
@@ -459,7 +462,8 @@ def plan_service(
         return refused
     assert release is not None
     note = arguments_for(deployed.version).note
-    return for_release(_plan_service(spec, gpus, config=config, name=name), release, deployed, note)
+    planned = _plan_service(spec, gpus, config=config, name=name, version=deployed.version)
+    return for_release(planned, release, deployed, note)
 
 
 def _plan_service(
@@ -468,6 +472,7 @@ def _plan_service(
     *,
     config: Mapping[str, Any] | None,
     name: str | None,
+    version: Version = TESTED_VERSION,
 ) -> TuningResult:
     model = resolve_model(spec.model, config=config, fallback_name=name)
     if model is None:
@@ -503,6 +508,7 @@ def _plan_service(
             gpu_count=spec.gpu.count,
             replicas=spec.replicas,
             downloads_weights=hf,
+            vllm_version=version,
         )
         for g in _unique(candidates)
     ]

@@ -17,6 +17,7 @@ from typing import Any, Final, Literal
 
 from vllm_operator.models.inference_service import Dtype, ModelSpec, NodeSpec, Profile
 from vllm_operator.models.workload import SLO
+from vllm_operator.releases.version import TESTED_VERSION, Version
 from vllm_operator.tuning import architecture as arch_mod
 from vllm_operator.tuning import catalog, quantization
 from vllm_operator.tuning.architecture import Architecture, ArchitectureError
@@ -119,6 +120,8 @@ class Ask:
     node: NodeSpec
     downloads_weights: bool
     prompt_p99: int | None = None  # the workload's p99 prompt length (TTFT P99)
+    # The vLLM release planned for: its memory model (tuning/memory.py) differs by release.
+    vllm_version: Version = TESTED_VERSION
 
 
 @dataclasses.dataclass(frozen=True)
