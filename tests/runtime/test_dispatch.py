@@ -263,3 +263,11 @@ async def test_the_labelled_watch_tells_the_reconcile_who_controls_each_child(
     assert runtime.children.owners == {}
     runtime.on_labelled({**child, "kind": "Pod"}, "ADDED")
     assert runtime.children.owners == {}, "only the children named after the service"
+
+
+def test_a_benchmark_event_reconciles_the_benchmark_and_its_target(runtime: Runtime) -> None:
+    """The target's status shows the last finished benchmark; the benchmark's end is a
+    change of the benchmark alone (found on the real node: the target showed it only at
+    the next resync)."""
+    runtime.on_inference_benchmark("team", "load", "chat")
+    assert _due(runtime) == {(BENCH, "team", "load"), (ISVC, "team", "chat")}

@@ -126,8 +126,11 @@ async def gpu_node_event(type: str | None, body: kopf.Body, memo: Any, **_: Any)
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL_INFERENCE_BENCHMARK)
-async def inference_benchmark_event(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
-    _runtime(memo).on_inference_benchmark(namespace, name)
+async def inference_benchmark_event(
+    name: str, namespace: str | None, body: kopf.Body, memo: Any, **_: Any
+) -> None:
+    target = ((body.get("spec") or {}).get("targetRef") or {}).get("name")
+    _runtime(memo).on_inference_benchmark(namespace, name, target)
 
 
 def operator_identity() -> Identity:

@@ -303,6 +303,13 @@ class Runtime:
         if bench := labels.get(LABEL_BENCHMARK):
             self.queue.add((BENCH, namespace, bench))
 
-    def on_inference_benchmark(self, namespace: str | None, name: str) -> None:
+    def on_inference_benchmark(
+        self, namespace: str | None, name: str, target: str | None = None
+    ) -> None:
+        """A benchmark changed: it is reconciled, and so is its target, whose status
+        shows the last finished benchmark (a benchmark's end is a status change of the
+        benchmark alone: without this the target showed it only at the next resync)."""
         if namespace:
             self.queue.add((BENCH, namespace, name))
+            if target:
+                self.queue.add((ISVC, namespace, target))
