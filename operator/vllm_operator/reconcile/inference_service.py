@@ -356,7 +356,7 @@ def decide(
         children.append(hpa)
     if conflict is not None:
         problems.append(conflict)
-    if planned.does_not_fit is None and "Deployment" not in snap.foreign:
+    if planned.does_not_fit is None:
         # Never a Deployment that will run out of memory: when nothing fits, the one
         # running (if any) stays as it is until the spec or the nodes change.
         children.append(
@@ -433,30 +433,42 @@ def _stored_status(body: Manifest) -> InferenceServiceStatus | None:
         return None  # written by an older version: recompute from scratch
 
 
+async def _write_stalled(
+    api: ClusterAPI,
+    body: Manifest,
+    reason: str,
+    message: str,
+    now: datetime,
+    *,
+    observed: bool,
+) -> None:
+    """Ready=False, Stalled=True, Reconciling=False with ``reason`` and one warning event,
+    unless the status says that already. ``observed``: the generation was read (an invalid
+    spec), so observedGeneration moves; a failure of the operator's own observed nothing."""
+    gen = body["metadata"].get("generation")
+    conds = [
+        condition("Ready", False, reason, message, now=now, generation=gen),
+        condition("Stalled", True, reason, message, now=now, generation=gen),
+        condition("Reconciling", False, reason, message, now=now, generation=gen),
+    ]
+    old = [c.get("message") for c in (body.get("status") or {}).get("conditions", [])]
+    if old == [c.message for c in conds]:
+        return
+    status: Manifest = {"conditions": [c.to_wire() for c in conds]}
+    if observed:
+        status = {"observedGeneration": gen, **status}
+    await apply_status(api, body, status)
+    await api.event(body, reason=reason, message=message, warning=True)
+
+
 async def _invalid(api: ClusterAPI, body: Manifest, err: ValidationError, now: datetime) -> None:
     """A stored object the models reject (admission was bypassed or the CRD is older):
     say so in status and stop; nothing is rendered from a spec we cannot read."""
-    meta = body["metadata"]
     fields = "; ".join(
         f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()[:5]
     )
     message = f"The spec is invalid: {fields}"
-    gen = meta.get("generation")
-    conds = [
-        condition("Ready", False, "InvalidSpec", message, now=now, generation=gen),
-        condition("Stalled", True, "InvalidSpec", message, now=now, generation=gen),
-        condition("Reconciling", False, "InvalidSpec", message, now=now, generation=gen),
-    ]
-    status = {
-        "observedGeneration": gen,
-        "conditions": [c.to_wire() for c in conds],
-    }
-    old = body.get("status") or {}
-    if [c.get("message") for c in old.get("conditions", [])] != [
-        c["message"] for c in status["conditions"]
-    ]:
-        await apply_status(api, body, status)
-        await api.event(body, reason="InvalidSpec", message=message, warning=True)
+    await _write_stalled(api, body, "InvalidSpec", message, now, observed=True)
 
 
 async def _events(
@@ -518,24 +530,13 @@ async def reconcile_inference_service(
 
 
 async def _failed(api: ClusterAPI, body: Manifest, err: Exception, now: datetime) -> None:
-    meta = body["metadata"]
     message = (
         f"The operator failed on this InferenceService ({type(err).__name__}: "
         f"{str(err)[:300]}); it retries with back-off. This is the operator's fault: the "
         "operator's log has the traceback."
     )
-    gen = meta.get("generation")
-    conds = [
-        condition("Ready", False, "ReconcileFailed", message, now=now, generation=gen),
-        condition("Stalled", True, "ReconcileFailed", message, now=now, generation=gen),
-        condition("Reconciling", False, "ReconcileFailed", message, now=now, generation=gen),
-    ]
-    old = [c.get("message") for c in (body.get("status") or {}).get("conditions", [])]
-    if old == [c.message for c in conds]:
-        return
     try:
-        await apply_status(api, body, {"conditions": [c.to_wire() for c in conds]})
-        await api.event(body, reason="ReconcileFailed", message=message, warning=True)
+        await _write_stalled(api, body, "ReconcileFailed", message, now, observed=False)
     except ApiError:
         log.warning("Writing the failure into the status failed too.", exc_info=True)
 
