@@ -242,9 +242,8 @@ def _number(flag: Flag, text: str) -> float | None:
 
 def _bounds(name: str) -> str:
     low, high, low_ok = RANGES[name]
-    if high is not None:
-        return f"greater than {low:g} and at most {high:g}" if not low_ok else f"{low}..{high}"
-    return f"at least {low:g}" if low_ok else f"greater than {low:g}"
+    lower = f"at least {low:g}" if low_ok else f"greater than {low:g}"
+    return f"{lower} and at most {high:g}" if high is not None else lower
 
 
 def value_problem(flag: Flag, value: str, release: Version) -> str | None:
