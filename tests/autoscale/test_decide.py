@@ -229,6 +229,26 @@ def test_one_long_request_ending_does_not_read_as_many_in_flight() -> None:
     assert steady.readings["c"][0][0] >= 38 - 15 - 2
 
 
+def test_a_request_counts_at_most_the_span_it_was_read_over() -> None:
+    """Two requests that stalled for 70 s end within one 15 s span: their 140 s of request
+    time is two requests in the server over the span (as the gauge had shown them), not
+    9.3. Without the finished counter nothing bounds the sum."""
+    s = spec(target="3")
+
+    def reading(e2e: float, finished: float | None, running: float) -> PodReading:
+        return PodReading("a", running, 0, 0.0, (), e2e_seconds=e2e, finished=finished)
+
+    bounded, unbounded = ScalerState(), ScalerState()
+    signal(s, [reading(0, 10, 2)], 1, bounded, 0)
+    ended = signal(s, [reading(140, 12, 0)], 1, bounded, 15)
+    assert ended.loads["a"].running == pytest.approx(2.0)
+    assert ended.recommendation == 1
+    signal(s, [reading(0, None, 2)], 1, unbounded, 0)
+    assert signal(s, [reading(140, None, 0)], 1, unbounded, 15).loads["a"].running == pytest.approx(
+        140 / 15
+    )
+
+
 def served(name: str, tokens: float, finished: float, e2e: float = 0.0) -> PodReading:
     """A pod whose gauges read 0 and whose counters read ``tokens`` and ``finished``."""
     return PodReading(name, 0, 0, 0.0, (), e2e_seconds=e2e, tokens=tokens, finished=finished)

@@ -108,6 +108,12 @@ def load(now: PodReading, before: PodReading | None, seconds: float) -> PodLoad:
         return PodLoad(now.running, now.waiting)
     in_server = now.e2e_seconds - before.e2e_seconds
     queued = now.queue_seconds - before.queue_seconds
+    if now.finished is not None and before.finished is not None:
+        # A request's whole time is added when it finishes, but no request was in the
+        # server longer than the span itself: a 70 s request ending now counts as one
+        # request over the span, not as 70 s / span of them.
+        most = (now.finished - before.finished) * seconds
+        in_server, queued = min(in_server, most), min(queued, most)
     return PodLoad(
         max(now.running, (in_server - queued) / seconds),
         max(now.waiting, queued / seconds),
