@@ -135,6 +135,39 @@ class Timeline:
         return "\n".join(lines)
 
 
+class Repeated:
+    """``Load`` runs of ``seconds`` each, one after the other, until ``stop``: a load with no
+    end fixed in advance (the test ends it once it has seen what it waits for)."""
+
+    def __init__(self, url: str, out: Path, *, seconds: int, **load: Any) -> None:
+        self.results: list[dict[str, Any]] = []
+        self.current: Load | None = None
+        self._stop = threading.Event()
+        self._args = (url, out, seconds, load)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        url, out, seconds, load = self._args
+        run = 0
+        while not self._stop.is_set():
+            run += 1
+            self.current = Load(url, out / str(run), seconds=seconds, **load)
+            self.results.append(self.current.result(timeout=seconds + 200))
+
+    def stop(self, timeout: float) -> list[dict[str, Any]]:
+        """Ends the load after its current run; the results of every run."""
+        self._stop.set()
+        self._thread.join(timeout=timeout)
+        assert not self._thread.is_alive(), "the load's last run did not end"
+        return self.results
+
+    def kill(self) -> None:
+        self._stop.set()
+        if self.current is not None and self.current.proc.poll() is None:
+            self.current.proc.kill()
+
+
 def _url(pod: dict[str, Any]) -> str:
     return f"http://{pod['status']['podIP']}:8000"
 
@@ -182,6 +215,7 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
     assert first["spec"]["containers"][0]["image"] == real_images.vllm
     timeline = Timeline(cluster, ns, "auto")
     loads: list[Load] = []
+    repeated: list[Repeated] = []
     try:
         # Heavy load on the only pod until the autoscaler asks for more. Not streamed: it is
         # the server's load that counts, and the client shares two cores with everything.
@@ -200,7 +234,6 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
         )
         timeline.mark("scaled up; the heavy load ends after its 60 s")
         heavy.proc.wait(timeout=120)
-        heavy_ended = time.monotonic()
         # The new pod takes traffic only once warmed up; the replicas stay meanwhile (the
         # scale-down window has not passed).
         isvc = _wait(
@@ -222,15 +255,15 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
                       first["metadata"]["name"])  # fmt: skip
 
         # A benchmark starts; light load goes to the newer pod only.
-        # The benchmark outlasts the scale-down window (counted from the last high reading,
-        # at the latest 15 s after the heavy load, the signal being a 15 s average), so the
-        # held scale-down shows. Its requests are few: an idle pod's gauge reads 1 when a
-        # scrape catches one of them.
-        seconds = int(window - (time.monotonic() - heavy_ended)) + 60
-        bench = _bench("hold", "auto", seconds)
-        # Few of its own requests (4 tokens each): a Poisson burst of them beside the light
-        # load read 1.6 per pod once (2026-12-01 CI), asked for two replicas and restarted
-        # the scale-down window in the middle of the benchmark.
+        # The benchmark outlasts what the test waits for; the test deletes it once the held
+        # scale-down has shown (the remedy docs/troubleshooting.md names). The hold shows a
+        # scale-down window after the last reading that asked for two replicas: at the latest
+        # 15 s after the heavy load (the signal being a 15 s average), unless the benchmark
+        # itself reads high once (a 50 s stall of a CPU vLLM on the loaded CI machine kept
+        # two of its requests in the server, 2026-12-01), which restarts the window: the wait
+        # allows one such restart. Its requests are few (0.1/s, 4 tokens each): an idle
+        # pod's gauge reads 1 when a scrape catches one of them.
+        bench = _bench("hold", "auto", 900)
         bench["spec"]["arrival"]["ratePerSecond"] = 0.1
         cluster.apply(bench, namespace=ns)
         _wait(
@@ -245,15 +278,10 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
         # Short requests: the 15 s average counts a request whole when it ends, so it can read
         # up to (15 s + one request's time) / 15 s per request kept going (1.45 measured
         # with 256-token requests of ~7 s on the loaded machine).
-        light = Load(
-            _url(second),
-            tmp_path / "light",
-            concurrency=1,
-            seconds=seconds + 40,
-            tokens=64,
-            stream=True,
+        light = Repeated(
+            _url(second), tmp_path / "light", seconds=45, concurrency=1, tokens=64, stream=True
         )
-        loads.append(light)
+        repeated.append(light)
 
         # The signal asks for one replica; the benchmark holds it.
         held = _wait(
@@ -263,32 +291,29 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
                 and i
             ),
             "the scale-down to be held",
-            timeout=window + 45,
+            timeout=2 * window + 45,
         )
+        timeline.mark("scale-down held")
         assert "InferenceBenchmark hold" in held["status"]["autoscaling"]["message"]
         blocked = _condition(held, "ScaleDownBlocked")
         assert blocked.get("status") == "True" and "hold" in blocked.get("message", "")
-
-        # The lock is the load Job: it holds while the operator's own job_state says the Job
-        # runs (the benchmark's phase follows a moment later).
-        def load_running() -> bool:
-            return job_state(_get(cluster, ns, "job", "hold-load") or {}) == "Running"
-
-        while load_running():
-            replicas = (_get(cluster, ns, "isvc", "auto") or {}).get("spec", {}).get("replicas", 2)
-            if replicas != 2 and load_running():
-                raise AssertionError("scaled down while the benchmark's load ran")
+        # Held for several periods while the load Job runs.
+        hold_until = time.monotonic() + 20
+        while time.monotonic() < hold_until:
+            replicas = (_get(cluster, ns, "isvc", "auto") or {}).get("spec", {}).get("replicas")
+            assert replicas == 2, "scaled down while the benchmark's load ran"
             time.sleep(1)
-        timeline.mark("benchmark load over")
+        assert job_state(_get(cluster, ns, "job", "hold-load") or {}) == "Running"
+        cluster.kubectl("delete", "inferencebenchmark", "hold", "-n", ns, "--wait=false")
+        timeline.mark("benchmark 'hold' deleted")
 
-        # Now it scales down, and the pod that goes is the idle, older one. Within the
-        # scale-down window of the last reading that asked for two (one can come late in
-        # the benchmark), plus a minute.
+        # Now it scales down at once (the window had passed: that is what the hold said),
+        # and the pod that goes is the idle, older one.
         try:
             _wait(
                 lambda: (i := _get(cluster, ns, "isvc", "auto")) and i["spec"]["replicas"] == 1,
                 "the scale-down after the benchmark",
-                timeout=window + 60,
+                timeout=60,
             )
         except AssertionError as err:
             last = _get(cluster, ns, "isvc", "auto") or {}
@@ -301,10 +326,13 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
             "the busy pod was removed instead of the idle one"
         )
         results = [load.result(timeout=200) for load in loads]
+        results += [r for each in repeated for r in each.stop(timeout=300)]
     finally:
         for load in loads:
             if load.proc.poll() is None:
                 load.proc.kill()
+        for each in repeated:
+            each.kill()
         print("\nAutoscaling timeline (this run):\n" + timeline.stop())
     for r in results:
         assert r["requests"] > 0
