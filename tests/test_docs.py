@@ -52,6 +52,10 @@ def reasons_in_code() -> set[str]:
         out |= _strings(path, r'\bstatus\(\s*"[A-Z]\w+",\s*"([A-Z]\w+)"')
         # Reasons named once as constants (a missing dataset or trace).
         out |= _strings(path, r'REASON_\w+: Final = "([A-Z]\w+)"')
+    # The pods' failures: the causes read from a log tail, and the (reason, message) pairs.
+    pods = PKG / "reconcile" / "pods.py"
+    out |= _strings(pods, r'^\s+\(\s*"([A-Z]\w+)",\s*$')
+    out |= _strings(pods, r'return\s+\(?\s*"([A-Z]\w+)",')
     for path in (PKG / "tuning").glob("*.py"):
         out |= _strings(path, r'DoesNotFit\(\s*"([A-Z]\w+)"')
         out |= _strings(path, r'reason(?:: FitReason)? = "([A-Z]\w+)"')

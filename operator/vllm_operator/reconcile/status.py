@@ -19,6 +19,7 @@ from vllm_operator.models.inference_service import (
     WarmupStatus,
 )
 from vllm_operator.reconcile.conditions import condition, pod_condition
+from vllm_operator.reconcile.pods import pod_problem
 from vllm_operator.render.meta import selector_string
 from vllm_operator.render.service import endpoint_url
 
@@ -102,6 +103,11 @@ def compute_status(
         warmed = sum(pod_condition(p, WARMED_UP_CONDITION) for p in pods)
     failed = observed.warmup_failures
     stalled = observed.problems[0] if observed.problems else None
+    # Why the pods are not ready, while the rollout is not complete (a crash loop, an image
+    # that cannot be pulled, a pod that cannot be scheduled).
+    trouble = None if complete else pod_problem(observed.deployment, pods)
+    if stalled is None and trouble is not None and trouble.stalled:
+        stalled = Problem(trouble.reason, trouble.message)
 
     def cond(type_: str, status: bool, reason: str, message: str) -> Any:
         return condition(type_, status, reason, message, now=now, generation=gen, previous=previous)
@@ -114,6 +120,8 @@ def compute_status(
         ready_cond = cond("Ready", True, "AllReplicasReady", progress)
     elif observed.deployment is None:
         ready_cond = cond("Ready", False, "Creating", progress)
+    elif trouble is not None:
+        ready_cond = cond("Ready", False, trouble.reason, trouble.message)
     elif warmup_on and failed and ready < desired:
         ready_cond = cond("Ready", False, "WarmupFailed", failed[0])
     elif (
@@ -135,7 +143,9 @@ def compute_status(
             "Reconciling",
             stalled is None and ready_cond.status != "True",
             ready_cond.reason if ready_cond.status != "True" else "Reconciled",
-            progress if ready_cond.status != "True" else "Nothing left to do.",
+            (progress if trouble is None else trouble.message)
+            if ready_cond.status != "True"
+            else "Nothing left to do.",
         ),
         cond(
             "Stalled",
