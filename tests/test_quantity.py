@@ -21,6 +21,9 @@ from vllm_operator.tuning.pod import spec_bytes
         ("64Gi", Decimal(64 * 2**30)),
         ("128Ki", Decimal(128 * 1024)),
         ("1e3", Decimal(1000)),
+        # E and Ei are units (exa, exbi), not the start of an exponent.
+        ("1E", Decimal(10**18)),
+        ("7Ei", Decimal(7 * 2**60)),
     ],
 )
 def test_quantities_are_read_exactly(text: str | int, value: Decimal) -> None:

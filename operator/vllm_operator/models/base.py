@@ -9,24 +9,63 @@ silently drop a typo).
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal, TypeAlias, cast
+from typing import Annotated, Any, Final, Literal, TypeAlias, cast
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 from pydantic.config import JsonDict
 
-# A Kubernetes quantity ("64Gi", "500m", "1.5G"). Kept as the string the user wrote; the
-# schema marks it int-or-string as Kubernetes' own types do.
+from vllm_operator.models.quantity import parse_quantity
+
+# A size in bytes as a Kubernetes quantity ("64Gi", "1.5G"). Kept as the string the user
+# wrote; the schema marks it int-or-string as Kubernetes' own types do. More than 0 and at
+# most 2^63-1 bytes (the apiserver clamps a larger quantity instead of refusing it), checked
+# at admission by CEL and again here for a manifest that did not pass admission.
 QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
-Quantity = Annotated[
-    str,
-    Field(pattern=QUANTITY_PATTERN),
-    WithJsonSchema(
+INT64_MAX: Final = 2**63 - 1
+_SIZE_RULE = (
+    "isQuantity(self) && quantity(self).isGreaterThan(quantity('0')) "
+    "&& quantity(self).isLessThan(quantity('8Ei'))"
+)
+SIZE_MESSAGE: Final = "must be a quantity of bytes more than 0 and below 8Ei (2^63 bytes)"
+
+
+def check_size(text: str) -> str:
+    """``text`` when it is a size Kubernetes can hold; raises ValueError saying why not."""
+    try:
+        value = parse_quantity(text)
+    except ValueError as err:
+        raise ValueError(f"{SIZE_MESSAGE}; {err}") from None
+    if not 0 < value <= INT64_MAX:
+        raise ValueError(f"{SIZE_MESSAGE}; {text!r} is not")
+    return text
+
+
+def _size_schema(rule: str, pattern: str) -> WithJsonSchema:
+    return WithJsonSchema(
         {
             "x-kubernetes-int-or-string": True,
             "anyOf": [{"type": "integer"}, {"type": "string"}],
-            "pattern": QUANTITY_PATTERN,
+            "pattern": pattern,
+            "x-kubernetes-validations": [
+                {"rule": f"type(self) == int ? self > 0 : ({rule})", "message": SIZE_MESSAGE}
+            ],
         }
-    ),
+    )
+
+
+Quantity = Annotated[
+    str,
+    Field(pattern=QUANTITY_PATTERN),
+    AfterValidator(check_size),
+    _size_schema(_SIZE_RULE, QUANTITY_PATTERN),
+]
+# A size or "auto".
+SHM_PATTERN = r"^(auto|([0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*))$"
+SizeOrAuto = Annotated[
+    str,
+    Field(pattern=SHM_PATTERN),
+    AfterValidator(lambda text: text if text == "auto" else check_size(text)),
+    _size_schema(f"self == 'auto' || ({_SIZE_RULE})", SHM_PATTERN),
 ]
 
 # A Kubernetes object as the API serves it (apiVersion, kind, metadata, ...).

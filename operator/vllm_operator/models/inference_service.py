@@ -22,6 +22,7 @@ from vllm_operator.models.base import (
     ObjectName,
     Quantity,
     SecretKeyReference,
+    SizeOrAuto,
     cel_rules,
     to_camel,
 )
@@ -296,23 +297,10 @@ class TuningSpec(ApiModel):
         return self
 
 
-ShmSize = Annotated[
-    str,
-    Field(pattern=r"^(auto|([0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*))$"),
-    WithJsonSchema(
-        {
-            "x-kubernetes-int-or-string": True,
-            "anyOf": [{"type": "integer"}, {"type": "string"}],
-            "pattern": r"^(auto|([0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*))$",
-        }
-    ),
-]
-
-
 class NodeSpec(ApiModel):
     """Pod-level settings on the node: shared memory and CPUs."""
 
-    shm_size: ShmSize = Field(
+    shm_size: SizeOrAuto = Field(
         default="auto",
         description="Size of /dev/shm: auto (planned from tensor parallelism) or a quantity.",
     )

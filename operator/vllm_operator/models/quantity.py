@@ -41,7 +41,7 @@ def parse_quantity(text: str | int) -> Decimal:
     if not match:
         raise ValueError(f"{text!r} is not a Kubernetes quantity")
     number, suffix = Decimal(match.group(1)), match.group(2) or ""
-    if suffix[:1] in ("e", "E"):
+    if suffix[:1] in ("e", "E") and suffix[1:].isdigit():  # an exponent; "E" and "Ei" are units
         return number * Decimal(10) ** int(suffix[1:])
     if suffix not in _SUFFIXES:
         raise ValueError(f"{text!r} has an unknown suffix {suffix!r}")
