@@ -50,7 +50,7 @@ def crashed(log: str, *, looping: bool = True, reason: str = "Error", code: int 
 UNKNOWN_FLAG = (
     "INFO 12-01 21:40:02 [__init__.py:216] Automatically detected platform cpu.\n"
     "usage: vllm serve [model_tag] [options]\n"
-    "vllm serve: error: unrecognized arguments: --swap-space 4\n"
+    "vllm: error: unrecognized arguments: --swap-space 4\n"
 )
 CUDA_OOM = (
     "ERROR 12-01 [core.py:700] EngineCore failed to start.\n"
@@ -62,6 +62,12 @@ GATED = (
     "huggingface_hub.errors.GatedRepoError: 401 Client Error. (Request ID: Root=1-abc)\n"
     "Cannot access gated repo for url https://huggingface.co/meta-llama/Llama-3.1-8B/resolve"
     "/main/config.json.\nAccess to model meta-llama/Llama-3.1-8B is restricted.\n"
+)
+# Both from the real node (e2e/test_pod_failures.py): vLLM 0.32.0 CPU, a model path the
+# image lacks, which huggingface_hub then reads as a repository id.
+NO_PATH = (
+    "huggingface_hub.errors.HFValidationError: Repo id must be in the form 'repo_name' or "
+    "'namespace/repo_name': '/models/no-such-model'. Use `repo_type` argument if needed.\n"
 )
 OFFLINE = (
     "huggingface_hub.errors.LocalEntryNotFoundError: Cannot find the requested files in the "
@@ -81,6 +87,7 @@ KV = (
         (CUDA_OOM, "GPUOutOfMemory"),
         (GATED, "ModelAccessDenied"),
         (OFFLINE, "ModelNotFound"),
+        (NO_PATH, "ModelNotFound"),
         (KV, "KVCacheDoesNotFit"),
         ("Traceback (most recent call last):\nSomethingElse: boom\n", "ContainerExited"),
     ],
@@ -93,9 +100,11 @@ def test_the_log_tail_names_the_cause_and_the_line(log: str, reason: str) -> Non
         "InvalidArgument": "unrecognized arguments: --swap-space 4",
         "GPUOutOfMemory": "CUDA out of memory. Tried to allocate 2.00 GiB",
         "ModelAccessDenied": "Access to model meta-llama/Llama-3.1-8B is restricted",
-        "ModelNotFound": "outgoing traffic has been disabled",
+        "ModelNotFound": "outgoing traffic has been disabled"
+        if log == OFFLINE
+        else "Repo id must be in the form",
         "KVCacheDoesNotFit": "larger than the available KV cache memory",
-        "ContainerExited": "Last log line: SomethingElse: boom",
+        "ContainerExited": "Last log line: \"SomethingElse: boom\".",
     }[reason]
     assert line in found.message
     assert "CrashLoopBackOff" in found.message
@@ -111,6 +120,10 @@ def test_the_first_exit_is_on_its_way_the_loop_is_stalled() -> None:
                 "message": UNKNOWN_FLAG}}, restartCount=1)  # fmt: skip
     found = pod_problem(None, [again])
     assert found is not None and found.reason == "InvalidArgument" and not found.stalled
+    # Running again after the second restart: looping, stalled between back-offs too.
+    again["status"]["containerStatuses"][0]["restartCount"] = 2
+    looping = pod_problem(None, [again])
+    assert looping is not None and looping.stalled and "CrashLoopBackOff" in looping.message
 
 
 def test_host_memory_oom_names_the_limit() -> None:

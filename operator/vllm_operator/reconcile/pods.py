@@ -62,6 +62,7 @@ _CAUSES: list[tuple[str, str, re.Pattern[str]]] = [
         "repo) or the path in the image or volume",
         re.compile(
             r"RepositoryNotFoundError|404 Client Error|not a valid model identifier"
+            r"|HFValidationError|Repo id must be in the form"
             r"|LocalEntryNotFoundError|outgoing traffic has been disabled"
             r"|Cannot find the requested files|does not appear to have a file named"
             r"|No such file or directory: '[^']*config\.json'"
@@ -84,6 +85,7 @@ _PULL_STALLED = {"ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
 _CONFIG = {"CreateContainerConfigError"}
 _CREATE = {"CreateContainerError", "RunContainerError", "StartError"}
 _LINE = 300
+_LOOPING = 2
 
 
 def _line(text: str, pattern: re.Pattern[str] | None) -> str:
@@ -114,9 +116,9 @@ def _exited(
     code = terminated.get("exitCode")
     for reason, meaning, pattern in _CAUSES:
         if pattern.search(log):
-            return reason, f"{where} exited ({code}): {meaning}. Log: {_line(log, pattern)}"
+            return reason, f'{where} exited ({code}): {meaning}. Log: "{_line(log, pattern)}".'
     said = _line(log, None)
-    tail = f" Last log line: {said}" if said else " It left no log."
+    tail = f' Last log line: "{said}".' if said else " It left no log."
     return "ContainerExited", f"{where} exited with code {code}.{tail}"
 
 
@@ -155,7 +157,10 @@ def _container_problem(pod: Manifest, status: dict[str, Any]) -> PodProblem | No
     if state.get("running") and not status.get("restartCount"):
         return None
     reason, message = _exited(name, container, terminated, _memory_limit(pod, container))
-    if why == "CrashLoopBackOff":
+    # Looping: backing off now, or restarted twice already and not ready (between two
+    # back-offs the container runs again for a while; the service must not flap between
+    # stalled and not).
+    if why == "CrashLoopBackOff" or int(status.get("restartCount") or 0) >= _LOOPING:
         return PodProblem(reason, f"{message} It keeps crashing (CrashLoopBackOff).", True)
     return PodProblem(reason, f"{message} The kubelet restarts it.", False)
 
