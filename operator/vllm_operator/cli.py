@@ -77,8 +77,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return 2
     from vllm_operator.handlers.operator import run
 
-    run(settings)
-    return 0
+    return run(settings)
 
 
 # Components that bring their own subcommand: (name, module with add_parser()).

@@ -105,6 +105,22 @@ class OperatorSettings(BaseSettings):
         default=300.0, gt=0, description="Longest back-off after a transient error."
     )
     workers: int = Field(default=4, ge=1, le=64, description="Reconciles running at once.")
+    request_timeout_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="Longest wait for one API request, connecting included (at most 5 s of "
+        "it), ours and Kopf's: a silent connection then fails the request, which is retried "
+        "as transient, instead of holding a reconcile for ever. Watches are bounded apart: "
+        "the apiserver ends each after 300 s, the client after 330 s, and one silent for 70 s "
+        "is reconnected.",
+    )
+    liveness_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        description="/healthz fails once work has waited this long (a key due or being "
+        "reconciled, or the resync overdue) and no reconcile or resync completed in that "
+        "time, so the kubelet restarts a stuck operator. An idle operator stays healthy.",
+    )
     metrics_port: int = Field(
         default=8080, ge=0, le=65535, description="Prometheus metrics port; 0 turns it off."
     )

@@ -6,6 +6,7 @@ tests/reconcile); the cluster is the recording fake of the ``k8s`` layer."""
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import httpx
@@ -271,3 +272,70 @@ def test_a_benchmark_event_reconciles_the_benchmark_and_its_target(runtime: Runt
     the next resync)."""
     runtime.on_inference_benchmark("team", "load", "chat")
     assert _due(runtime) == {(BENCH, "team", "load"), (ISVC, "team", "chat")}
+
+
+@pytest.mark.parametrize(
+    ("failing", "words"),
+    [
+        ("read", "Reading InferenceService team/chat failed: 0 ConnectionFailed"),
+        ("reconcile", "Reconcile of InferenceService team/chat failed: 503 ServiceUnavailable"),
+    ],
+    ids=[
+        "the read of the object failing (apiserver away) is one line",
+        "the reconcile failing (a 503) is one line",
+    ],
+)  # fmt: skip
+async def test_a_transient_api_error_logs_one_line_with_the_object_and_no_traceback(
+    runtime: Runtime, calls: Calls, caplog: pytest.LogCaptureFixture, failing: str, words: str
+) -> None:
+    """An apiserver restart made 735 tracebacks: the read before the reconcile raised
+    out of the key's turn, and the lines that were logged named neither object nor error
+    in the plain format (which prints no extras)."""
+    _cluster(runtime).put(_obj(KIND_INFERENCE_SERVICE))
+    if failing == "read":
+        _cluster(runtime).fail[("get", KIND_INFERENCE_SERVICE)] = ApiError(
+            0, "ConnectionFailed", "Cannot connect to host 127.0.0.1:6443"
+        )
+    else:
+        calls.fail = ApiError(503, "ServiceUnavailable", "etcd is down")
+    with caplog.at_level(logging.DEBUG, logger="vllm_operator"):
+        assert await runtime.work((ISVC, "team", "chat")) == 1.0
+    assert len(caplog.records) == 1, [r.getMessage() for r in caplog.records]
+    (record,) = caplog.records
+    assert record.levelno == logging.WARNING and record.exc_info is None
+    assert words in record.getMessage() and "retrying in 1 s" in record.getMessage()
+
+
+async def test_a_key_that_could_not_reach_the_apiserver_is_retried_at_its_first_answer(
+    runtime: Runtime,
+) -> None:
+    """Not after its back-off: an outage of a minute grows that to 32 s and more, and a
+    change pending across an apiserver restart waited for it."""
+    cluster = _cluster(runtime)
+    cluster.put(_obj(KIND_INFERENCE_SERVICE))
+    cluster.put(_obj(KIND_INFERENCE_SERVICE, "other"))
+    down, away = ("get", KIND_INFERENCE_SERVICE), ApiError(0, "ConnectionFailed", "refused")
+    cluster.fail[down] = away
+    key = (ISVC, "team", "chat")
+    for _ in range(6):
+        delay = await runtime.work(key)
+    assert delay == 32.0
+    runtime.queue.add(key, delay)  # as the queue's worker does with the delay
+    cluster.fail.pop(down)
+    await runtime.work((ISVC, "team", "other"))  # the apiserver answers again
+    assert runtime.queue._due[key] <= time.monotonic(), "due now, not in 32 s"
+
+
+async def test_a_refused_request_keeps_its_back_off(runtime: Runtime, calls: Calls) -> None:
+    """An answer that refuses (a 503) is no outage: its key waits its back-off."""
+    cluster = _cluster(runtime)
+    cluster.put(_obj(KIND_INFERENCE_SERVICE))
+    cluster.put(_obj(KIND_INFERENCE_SERVICE, "other"))
+    key = (ISVC, "team", "chat")
+    calls.fail = ApiError(503, "ServiceUnavailable", "etcd is down")
+    delay = await runtime.work(key)
+    assert delay is not None
+    runtime.queue.add(key, delay)
+    calls.fail = None
+    await runtime.work((ISVC, "team", "other"))
+    assert runtime.queue._due[key] > time.monotonic()

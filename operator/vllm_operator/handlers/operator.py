@@ -19,6 +19,7 @@ import kopf
 from prometheus_client import start_http_server
 
 from vllm_operator.constants import (
+    API_VERSION,
     GROUP,
     LABEL_BENCHMARK,
     LABEL_SERVICE,
@@ -28,8 +29,10 @@ from vllm_operator.constants import (
     PLURAL_INFERENCE_SERVICE,
     VERSION,
 )
-from vllm_operator.k8s.client import KubeClient, load_config
+from vllm_operator.k8s.api import ApiError
+from vllm_operator.k8s.client import CONNECT_TIMEOUT_SECONDS, KubeClient, load_config
 from vllm_operator.runtime.dispatch import Runtime
+from vllm_operator.runtime.health import HealthServer
 from vllm_operator.settings import OperatorSettings
 
 if TYPE_CHECKING:
@@ -37,6 +40,15 @@ if TYPE_CHECKING:
     from kopf._core.engines.peering import Identity
 
 log = logging.getLogger("vllm_operator")
+
+# The resources our CRDs define: a start without them would watch nothing and live on.
+OUR_RESOURCES = (PLURAL_INFERENCE_SERVICE, PLURAL_INFERENCE_BENCHMARK, PLURAL_GPU_NODE)
+# Kopf retries a failed request (a watch's LIST among them) after these pauses, then the
+# watch starts over. Kopf's default (1, 1, 2, 3, 5, 8, 13, 21) left a watch asleep up to
+# 21 s after the apiserver was back: changes made meanwhile waited 29-71 s (issue 15,
+# item 4). At most 2 s apart, over about as long in all (53.5 s against 54 s) before a
+# 5xx that lasts is escalated.
+ERROR_BACKOFFS = (0.5, 1.0) + (2.0,) * 26
 
 
 def _settings(memo: Any) -> OperatorSettings:
@@ -49,7 +61,7 @@ def _runtime(memo: Any) -> Runtime:
     return runtime
 
 
-@kopf.on.login()
+@kopf.on.login(errors=kopf.ErrorsMode.PERMANENT)
 async def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
     """Kopf's credentials from the same kubeconfig (or service account) as our client."""
     api = await load_config(_settings(memo).kubeconfig)
@@ -69,7 +81,25 @@ async def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
     )
 
 
-@kopf.on.startup()
+async def require_crds(kube: KubeClient) -> None:
+    """Refuse to start (PermanentError) when the apiserver answers without our CRDs; an
+    apiserver that does not answer yet is left to the watches and the resync."""
+    try:
+        served = await kube.served(API_VERSION)
+    except ApiError as err:
+        log.warning("Checking for the CRDs failed: %s; starting anyway.", err)
+        return
+    missing = [f"{plural}.{GROUP}" for plural in OUR_RESOURCES if plural not in served]
+    if missing:
+        raise kopf.PermanentError(
+            f"the CRDs {', '.join(missing)} are not installed (API {API_VERSION}): "
+            "apply crds/ or install the chart first"
+        )
+
+
+# Any exception fails the start for good, and the process exits non-zero (run() below):
+# Kopf's default retried it every 60 s in a process that reconciled nothing meanwhile.
+@kopf.on.startup(errors=kopf.ErrorsMode.PERMANENT)
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     ours = _settings(memo)
     # Kopf's own bookkeeping, should it ever need any, under our prefix; handler logs are
@@ -80,19 +110,38 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         prefix=GROUP, key="last-handled-configuration"
     )
     settings.posting.enabled = False
-    # Reconnect watches regularly; a silently dead stream is then bounded in time.
+    # Every request of Kopf's own has a timeout: its default of 300 s kept a watch's LIST
+    # on a silent connection that long.
+    settings.networking.request_timeout = ours.request_timeout_seconds
+    settings.networking.connect_timeout = CONNECT_TIMEOUT_SECONDS
+    settings.networking.error_backoffs = ERROR_BACKOFFS
+    # Watches: the apiserver ends each after 300 s, the client 30 s later if it does not; a
+    # stream silent for Kopf's inactivity_timeout (70 s: the apiserver sends a bookmark
+    # every minute) is dropped and reconnected.
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
+    settings.watching.connect_timeout = CONNECT_TIMEOUT_SECONDS
+    kube = KubeClient(await load_config(ours.kubeconfig), timeout=ours.request_timeout_seconds)
+    try:
+        await require_crds(kube)
+    except BaseException:
+        await kube.close()
+        raise
+    memo.kube = kube
     if ours.metrics_port:
         start_http_server(ours.metrics_port)
-    memo.kube = KubeClient(await load_config(ours.kubeconfig))
-    memo.runtime = Runtime(settings=ours, api=memo.kube, http=httpx.AsyncClient())
+    memo.runtime = Runtime(settings=ours, api=kube, http=httpx.AsyncClient())
     memo.runtime.start()
+    if ours.health_port:
+        memo.health = HealthServer(memo.runtime.health, port=ours.health_port)
+        await memo.health.start()
     log.info("Started the vllm-operator.", extra={"namespaces": ours.namespaces or "all"})
 
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    if hasattr(memo, "health"):
+        await memo.health.close()
     if hasattr(memo, "runtime"):
         await _runtime(memo).close()
     if hasattr(memo, "kube"):
@@ -145,8 +194,10 @@ def operator_identity() -> Identity:
     return cast("Identity", f"vllm-operator@{socket.gethostname()}/{os.getpid()}")
 
 
-def run(settings: OperatorSettings) -> None:
-    """Run the operator until it is stopped (SIGINT/SIGTERM)."""
+def run(settings: OperatorSettings) -> int:
+    """Run the operator until it is stopped (SIGINT/SIGTERM): 0. A start that failed, or
+    Kopf stopping on an error of its own: 1, after one line that says why (Kopf logged
+    the traceback of a handler's exception already)."""
     kopf.configure(
         verbose=False,
         log_format=kopf.LogFormat.JSON if settings.log_format == "json" else kopf.LogFormat.PLAIN,
@@ -156,12 +207,16 @@ def run(settings: OperatorSettings) -> None:
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     # httpx logs every request at INFO: the autoscaler's /metrics readings would flood.
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    liveness = f"http://0.0.0.0:{settings.health_port}/healthz" if settings.health_port else None
-    kopf.run(
-        standalone=True,
-        identity=operator_identity(),
-        clusterwide=not settings.namespaces,
-        namespaces=settings.namespaces,
-        liveness_endpoint=liveness,
-        memo=kopf.Memo(settings=settings),
-    )
+    try:
+        kopf.run(
+            standalone=True,
+            identity=operator_identity(),
+            clusterwide=not settings.namespaces,
+            namespaces=settings.namespaces,
+            memo=kopf.Memo(settings=settings),
+        )
+    except Exception as exc:
+        cause = exc.__cause__ or exc  # Kopf's ActivityError wraps the handler's exception
+        log.error("The operator stopped: %s", str(cause) or type(cause).__name__)
+        return 1
+    return 0

@@ -4,12 +4,18 @@ kubernetes_asyncio rather than the synchronous ``kubernetes`` package: Kopf runs
 on an asyncio loop, and a synchronous client would block that loop (or need a thread pool)
 on every request. Only its configuration loading and HTTP plumbing are used; requests go
 to paths from a static table, with server-side apply for every write.
+
+Every request has a timeout (connecting included): kubernetes_asyncio passes an empty
+``aiohttp.ClientTimeout()`` unless told otherwise, which waits for ever, and one silent
+connection (a stalled load balancer, a half-open TCP connection) held a reconcile, and
+its worker, for good (issue 15, item 2).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -25,6 +31,16 @@ from vllm_operator.models.base import Manifest
 
 log = logging.getLogger(__name__)
 _OBJECT: Final = {200: "object", 201: "object"}
+# A TCP and TLS handshake with the apiserver takes milliseconds; one that has not finished
+# in this time will not, and the request should fail (and be retried) without waiting for
+# the whole request timeout.
+CONNECT_TIMEOUT_SECONDS: Final = 5.0
+DEFAULT_TIMEOUT_SECONDS: Final = 30.0
+
+
+def request_timeout(seconds: float) -> aiohttp.ClientTimeout:
+    """The whole request at most ``seconds``, connecting at most 5 s of them."""
+    return aiohttp.ClientTimeout(total=seconds, sock_connect=min(CONNECT_TIMEOUT_SECONDS, seconds))
 
 
 def _resource_of(path: str) -> str:
@@ -52,6 +68,13 @@ def _error(exc: ApiException) -> ApiError:
 async def load_config(kubeconfig: str | None = None) -> client.ApiClient:
     """An API client from a kubeconfig file, else the in-cluster service account."""
     configuration = client.Configuration()
+    if kubeconfig:
+        # kubernetes_asyncio reads a missing file as an empty one ("Invalid kube-config
+        # file. Expected key current-context"): say what is wrong instead.
+        try:
+            os.stat(kubeconfig)
+        except OSError as exc:
+            raise config.ConfigException(f"kubeconfig {kubeconfig}: {exc.strerror or exc}") from exc
     try:
         await config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
     except config.ConfigException:
@@ -72,9 +95,16 @@ def _path(
 class KubeClient:
     """The real ``ClusterAPI``."""
 
-    def __init__(self, api_client: client.ApiClient, *, field_manager: str = FIELD_MANAGER):
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        *,
+        field_manager: str = FIELD_MANAGER,
+        timeout: float = DEFAULT_TIMEOUT_SECONDS,
+    ):
         self._api = api_client
         self._field_manager = field_manager
+        self._timeout = request_timeout(timeout)
         self.requests = 0
 
     async def close(self) -> None:
@@ -104,12 +134,25 @@ class KubeClient:
                 auth_settings=["BearerToken"],
                 response_types_map=_OBJECT,
                 _return_http_data_only=True,
+                _request_timeout=self._timeout,
             )
         except ApiException as exc:
             raise _error(exc) from exc
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             # The apiserver is unreachable or slow: transient by definition (status 0).
             raise ApiError(0, "ConnectionFailed", str(exc) or type(exc).__name__) from exc
+
+    async def served(self, api_version: str) -> set[str]:
+        """The resources (plurals) the apiserver serves in a group version; none when it
+        does not serve the group version at all (its CRDs are not installed)."""
+        path = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+        try:
+            listing = await self._call("GET", path)
+        except ApiError as err:
+            if err.not_found:
+                return set()
+            raise
+        return {str(r.get("name")) for r in listing.get("resources") or []}
 
     async def get(
         self, api_version: str, kind: str, name: str, namespace: str | None = None
@@ -212,4 +255,7 @@ class KubeClient:
             await self._call("POST", resource_for("v1", "Event").path(namespace), body=body)
         except ApiError as err:
             # An event is a courtesy; failing to record one must not fail the reconcile.
-            log.warning("Recording event failed.", extra={"reason": reason, "error": str(err)})
+            log.warning(
+                "Recording event %s on %s/%s failed: %s.", reason, namespace, meta["name"], err,
+                extra={"reason": reason, "error": str(err)},
+            )  # fmt: skip

@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Final
@@ -42,6 +43,7 @@ from vllm_operator.reconcile.inference_service import (
     reconcile_inference_service,
 )
 from vllm_operator.runtime.cache import ChildOwners, ObjectCache
+from vllm_operator.runtime.health import stuck
 from vllm_operator.runtime.queue import WorkQueue
 from vllm_operator.settings import OperatorSettings
 
@@ -54,6 +56,9 @@ BENCH: Final = "bench"
 SCALE: Final = "scale"
 # A benchmark waiting for its target or dataset is looked at again this soon.
 PENDING_BENCHMARK_SECONDS: Final = 5.0
+
+_KIND_OF: Final = {ISVC: KIND_INFERENCE_SERVICE, BENCH: KIND_INFERENCE_BENCHMARK,
+                   SCALE: KIND_INFERENCE_SERVICE}  # fmt: skip
 
 ServiceReconcile = Callable[..., Awaitable[Outcome]]
 BenchmarkReconcile = Callable[..., Awaitable[str]]
@@ -99,6 +104,16 @@ class Runtime:
     gpu_nodes: ObjectCache = field(default_factory=ObjectCache)
     # Who controls each Deployment, Service and PDB the labelled watches have shown.
     children: ChildOwners = field(default_factory=ChildOwners)
+    # Monotonic times for liveness: the last read of a key's object or LIST that
+    # succeeded, and the last resync that listed every watched namespace (both start as
+    # the runtime's creation).
+    progressed: float = field(default_factory=time.monotonic)
+    resynced: float = field(default_factory=time.monotonic)
+    # Keys whose last turn failed to reach the apiserver at all: retried as soon as any
+    # request gets an answer again, not after their back-off (which an outage of a
+    # minute grows to 32 s and more), so a change pending across an apiserver restart
+    # catches up within seconds.
+    unreachable: set[Key] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.queue = WorkQueue[Key](max_delay=self.settings.max_retry_seconds)
@@ -111,8 +126,9 @@ class Runtime:
         try:
             view = await list_nodes(self.api)
         except ApiError as err:
-            log.warning("Listing Nodes and GPUNodes failed.", extra={"error": str(err)})
+            log.warning("Listing Nodes and GPUNodes failed: %s.", err, extra={"error": str(err)})
             return
+        self._progressed()
         self.nodes.replace_all(view.nodes)
         self.gpu_nodes.replace_all(view.gpu_nodes)
 
@@ -122,6 +138,33 @@ class Runtime:
         if not (self.nodes.ready and self.gpu_nodes.ready):
             return None
         return NodeView(self.nodes.items(), self.gpu_nodes.items())
+
+    def _progressed(self) -> None:
+        self.progressed = time.monotonic()
+        if self.unreachable:
+            for key in self.unreachable:
+                self.queue.add(key)
+            self.unreachable.clear()
+
+    def _failed(self, key: Key, err: ApiError) -> float:
+        """The back-off after a failed turn (an unanswered one is also remembered)."""
+        if err.status == 0:
+            self.unreachable.add(key)
+        return self.queue.backoff(key)
+
+    def health(self, now: float | None = None) -> str | None:
+        """Why the work loop is stuck (runtime/health.py says what that means), or None."""
+        now = time.monotonic() if now is None else now
+        waiting = self.queue.waiting_since(now)
+        resync_due = self.resynced + self.settings.resync_seconds
+        if now > resync_due:
+            waiting = resync_due if waiting is None else min(waiting, resync_due)
+        return stuck(
+            now,
+            waiting_since=waiting,
+            last_progress=self.progressed,
+            bound=self.settings.liveness_seconds,
+        )
 
     def start(self) -> None:
         """The queue's workers and the resync loop, as tasks of the running loop."""
@@ -141,19 +184,36 @@ class Runtime:
     # ------------------------------------------------------------------ a key's turn
 
     async def work(self, key: Key) -> float | None:
-        """One reconcile for ``key``; the delay after which to run it again, or None."""
-        kind = key[0]
-        if kind == BENCH:
-            return await self._work_benchmark(key)
-        if kind == SCALE:
-            return await self._work_autoscale(key)
-        return await self._work_service(key)
+        """One reconcile for ``key``; the delay after which to run it again, or None.
+
+        A failed API request (the apiserver away, a timeout, a 5xx) is one log line with
+        the object and the error, then a retry with back-off; a traceback is for an
+        exception nobody expected (the queue logs those)."""
+        kind, namespace, name = key
+        try:
+            if kind == BENCH:
+                again = await self._work_benchmark(key)
+            elif kind == SCALE:
+                again = await self._work_autoscale(key)
+            else:
+                again = await self._work_service(key)
+        except ApiError as err:
+            delay = self._failed(key, err)
+            log.warning(
+                "Reading %s %s/%s failed: %s; retrying in %.0f s.",
+                _KIND_OF[kind], namespace, name, err, delay,
+                extra={"object": f"{namespace}/{name}", "error": str(err), "delay": delay},
+            )  # fmt: skip
+            return delay
+        return again
 
     async def _current(self, kind: str, key: Key) -> Manifest | None:
         """The object of ``key``, or None (and its back-off forgotten) once it is gone or
         going: its children go with it through garbage collection."""
         _, namespace, name = key
         body = await self.api.get(API_VERSION, kind, name, namespace)
+        self.unreachable.discard(key)  # this turn is its retry
+        self._progressed()  # the apiserver answered: this turn is not stuck on it
         if body is None or body["metadata"].get("deletionTimestamp"):
             self.queue.forget(key)
             return None
@@ -176,11 +236,14 @@ class Runtime:
             except ApiError as err:
                 result = "retry" if err.transient else "error"
                 RECONCILES.labels(KIND_INFERENCE_SERVICE, result).inc()
-                delay = self.queue.backoff(key)
+                delay = self._failed(key, err)
+                # The object and the error in the message itself: the plain log format
+                # prints no extras.
                 log.warning(
-                    "Reconcile of InferenceService failed; retrying.",
+                    "Reconcile of InferenceService %s/%s failed: %s; retrying in %.0f s.",
+                    namespace, name, err, delay,
                     extra={"object": f"{namespace}/{name}", "error": str(err), "delay": delay},
-                )
+                )  # fmt: skip
                 return delay
         result = "stalled" if outcome.stalled else "ok"
         RECONCILES.labels(KIND_INFERENCE_SERVICE, result).inc()
@@ -202,11 +265,13 @@ class Runtime:
                 phase = await self.reconcile_benchmark(self.api, body, settings=self.settings)
             except ApiError as err:
                 RECONCILES.labels(KIND_INFERENCE_BENCHMARK, "retry").inc()
+                delay = self._failed(key, err)
                 log.warning(
-                    "Reconcile of InferenceBenchmark failed; retrying.",
-                    extra={"object": f"{namespace}/{name}", "error": str(err)},
-                )
-                return self.queue.backoff(key)
+                    "Reconcile of InferenceBenchmark %s/%s failed: %s; retrying in %.0f s.",
+                    namespace, name, err, delay,
+                    extra={"object": f"{namespace}/{name}", "error": str(err), "delay": delay},
+                )  # fmt: skip
+                return delay
         RECONCILES.labels(KIND_INFERENCE_BENCHMARK, "ok").inc()
         self.queue.forget(key)
         return PENDING_BENCHMARK_SECONDS if phase == "Pending" else None
@@ -223,11 +288,13 @@ class Runtime:
                 self.api, body, states=self.scaler_states, scrape=http_scraper(self.http)
             )
         except ApiError as err:
+            delay = self._failed(key, err)
             log.warning(
-                "Autoscaler reading failed; retrying.",
-                extra={"object": f"{namespace}/{name}", "error": str(err)},
-            )
-            return self.queue.backoff(key)
+                "Autoscaler reading of InferenceService %s/%s failed: %s; retrying in %.0f s.",
+                namespace, name, err, delay,
+                extra={"object": f"{namespace}/{name}", "error": str(err), "delay": delay},
+            )  # fmt: skip
+            return delay
         self.queue.forget(key)
         if again is None:
             self.scaling.discard(key)
@@ -249,19 +316,26 @@ class Runtime:
         thousand objects do not arrive at once); those autoscaling get their readings."""
         spread = self.settings.resync_seconds / 2
         spaces: list[str | None] = list(self.settings.namespaces) or [None]
+        listed = 0
         for ns in spaces:
             try:
                 items = await self.api.list(API_VERSION, KIND_INFERENCE_SERVICE, ns)
             except ApiError as err:
+                where = f"namespace {ns}" if ns else "all namespaces"
                 log.warning(
-                    "Listing InferenceServices for resync failed.", extra={"error": str(err)}
-                )
+                    "Listing InferenceServices in %s for resync failed: %s.", where, err,
+                    extra={"namespace": ns, "error": str(err)},
+                )  # fmt: skip
                 continue
+            listed += 1
+            self._progressed()
             for item in items:
                 meta = item["metadata"]
                 self.queue.add((ISVC, meta["namespace"], meta["name"]), random.uniform(0, spread))
                 if item.get("spec", {}).get("autoscaling", {}).get("enabled"):
                     self.schedule_autoscaler(meta["namespace"], meta["name"])
+        if listed == len(spaces):
+            self.resynced = time.monotonic()
 
     async def resync_forever(self) -> None:
         await self.refresh_nodes()

@@ -27,6 +27,8 @@ class WorkQueue(Generic[K]):
     def __init__(self, *, base_delay: float = 1.0, max_delay: float = 300.0) -> None:
         self._due: dict[K, float] = {}
         self._running: set[K] = set()
+        # When each running key's turn began (what liveness asks of the queue).
+        self._started: dict[K, float] = {}
         self._again: set[K] = set()
         self._failures: dict[K, int] = {}
         self._wake = asyncio.Event()
@@ -51,6 +53,13 @@ class WorkQueue(Generic[K]):
     def forget(self, key: K) -> None:
         self._failures.pop(key, None)
 
+    def waiting_since(self, now: float) -> float | None:
+        """Since when work has waited at ``now``: the earliest due time of a key that is
+        due, or start of a turn still running; None when nothing waits (idle)."""
+        times = [due for due in self._due.values() if due <= now]
+        times += self._started.values()
+        return min(times, default=None)
+
     async def _next(self) -> K:
         while True:
             now = time.monotonic()
@@ -72,15 +81,22 @@ class WorkQueue(Generic[K]):
             while True:
                 key = await self._next()
                 self._running.add(key)
+                self._started[key] = time.monotonic()
                 try:
                     again = await work(key)
                 except asyncio.CancelledError:
                     raise
                 except Exception:
-                    log.exception("Reconcile failed; retrying with back-off.", extra={"key": key})
+                    # Unexpected, so with its traceback (an API error is one line, logged
+                    # by the work function itself).
                     again = self.backoff(key)
+                    log.exception(
+                        "Reconcile of %s failed; retrying in %.0f s.", key, again,
+                        extra={"key": key},
+                    )  # fmt: skip
                 finally:
                     self._running.discard(key)
+                    self._started.pop(key, None)
                 if again is not None:
                     self.add(key, again)
                 if key in self._again:

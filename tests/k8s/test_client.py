@@ -1,0 +1,92 @@
+"""The real client's own behaviour, against local sockets: a request on a connection that
+never answers fails as transient within its timeout instead of waiting for ever, and the
+discovery read that the start checks the CRDs with."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import pytest
+from kubernetes_asyncio import client
+
+from vllm_operator.k8s.api import ApiError
+from vllm_operator.k8s.client import KubeClient, request_timeout
+
+DEADLINE_S = 20  # ends a hung run (the bug); the request's own timeout is 0.3 s
+
+
+async def _serve(answer: bytes | None) -> tuple[asyncio.Server, int]:
+    """A server on 127.0.0.1 that sends ``answer`` to every request, or, for None, reads
+    the request and never answers (a silent, open connection)."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        if answer is None:
+            await asyncio.Event().wait()
+        writer.write(answer)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+@pytest.fixture
+async def silent() -> AsyncIterator[int]:
+    server, port = await _serve(None)
+    yield port
+    server.close()
+
+
+def _kube(port: int, timeout: float) -> KubeClient:
+    configuration = client.Configuration(host=f"http://127.0.0.1:{port}")
+    return KubeClient(client.ApiClient(configuration=configuration), timeout=timeout)
+
+
+def _http(status: int, body: object) -> bytes:
+    text = json.dumps(body).encode()
+    head = (
+        f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(text)}\r\nConnection: close\r\n\r\n"
+    )
+    return head.encode() + text
+
+
+async def test_a_silent_connection_fails_the_request_as_transient(silent: int) -> None:
+    """Before, kubernetes_asyncio's empty ClientTimeout() waited for ever: this hung."""
+    kube = _kube(silent, timeout=0.3)
+    try:
+        with pytest.raises(ApiError) as caught:
+            await asyncio.wait_for(kube.get("v1", "ConfigMap", "c", "ns"), DEADLINE_S)
+    finally:
+        await kube.close()
+    assert caught.value.status == 0 and caught.value.transient
+
+
+@pytest.mark.parametrize("seconds", [0.5, 30.0], ids=["below the connect bound", "the default"])
+def test_connecting_takes_at_most_the_whole_request_time(seconds: float) -> None:
+    timeout = request_timeout(seconds)
+    assert timeout.total == seconds
+    assert timeout.sock_connect is not None and 0 < timeout.sock_connect <= seconds
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "expected"),
+    [
+        (200, {"kind": "APIResourceList", "resources": [{"name": "inferenceservices"},
+                                                        {"name": "inferenceservices/status"}]},
+         {"inferenceservices", "inferenceservices/status"}),
+        (404, {"kind": "Status", "reason": "NotFound", "code": 404}, set()),
+    ],
+    ids=["a served group version lists its resources", "an unserved one (no CRDs) has none"],
+)  # fmt: skip
+async def test_served_resources(status: int, body: object, expected: set[str]) -> None:
+    server, port = await _serve(_http(status, body))
+    kube = _kube(port, timeout=DEADLINE_S)
+    try:
+        assert await kube.served("inference.vllm-operator.dev/v1alpha1") == expected
+    finally:
+        await kube.close()
+        server.close()
