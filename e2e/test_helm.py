@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -87,9 +88,12 @@ def test_helm_install_creates_the_operator_its_rbac_and_the_crds(
     assert json.loads(cm["data"]["vllm-operator.json"])["uid"] == "vllm-operator"
 
 
-def test_the_admission_policy_compiles_without_type_warnings(chart_release: Release) -> None:
+@pytest.mark.parametrize("policy", ["scale-down-lock", "own-objects-only"])
+def test_the_admission_policy_compiles_without_type_warnings(
+    chart_release: Release, policy: str
+) -> None:
     cluster = chart_release.cluster
-    name = "vllm-op-vllm-operator-scale-down-lock"
+    name = f"vllm-op-vllm-operator-{policy}"
 
     def checked() -> Any:
         policy = _json(cluster, "get", "validatingadmissionpolicy", name)
@@ -215,6 +219,90 @@ def test_the_operators_token_really_is_refused_what_it_does_not_need(
     assert allowed.returncode == 0 and "node/" in allowed.stdout
 
 
+def _as_operator(
+    release: Release, *args: str, body: Any = None
+) -> subprocess.CompletedProcess[str]:
+    return release.cluster.kubectl(
+        *args, f"--as={_sa(release)}", input=None if body is None else json.dumps(body),
+        check=False,
+    )  # fmt: skip
+
+
+def _config_map(name: str, ns: str, *, labels: bool, owner: bool) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": ns}
+    if labels:
+        meta["labels"] = {"app.kubernetes.io/managed-by": "vllm-operator"}
+    if owner:
+        meta["ownerReferences"] = [{"apiVersion": f"{GROUP}/v1alpha1", "kind": "InferenceService",
+                                    "name": "svc", "uid": "0e5b1c1e-0000-4000-8000-000000000001",
+                                    "controller": True}]  # fmt: skip
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": {"k": "v"}}
+
+
+def test_the_operators_account_writes_only_its_own_objects_outside_system_namespaces(
+    chart_release: Release, namespace: str
+) -> None:
+    """RBAC lets the operator patch any ConfigMap, pod or Deployment of the cluster; the
+    chart's admission policy refuses its account everything but its own objects."""
+    cluster = chart_release.cluster
+    cluster.kubectl("create", "configmap", "users", "-n", namespace, "--from-literal=a=b")
+    # RBAC alone would allow each of these.
+    assert _can_i(chart_release, "patch", "configmaps", namespace) == "yes"
+    assert _can_i(chart_release, "create", "deployments", "kube-system") == "yes"
+    refusals = {
+        "changes only objects it created": [
+            _as_operator(chart_release, "patch", "configmap", "users", "-n", namespace,
+                         "--type=merge", "-p", '{"data":{"a":"changed"}}'),
+            _as_operator(chart_release, "delete", "configmap", "users", "-n", namespace),
+        ],
+        "creates only objects labelled": [
+            _as_operator(chart_release, "create", "--dry-run=server", "-f", "-",
+                         body=_config_map("loose", namespace, labels=False, owner=True)),
+            _as_operator(chart_release, "create", "--dry-run=server", "-f", "-",
+                         body=_config_map("orphan", namespace, labels=True, owner=False)),
+        ],
+        "writes nothing in namespace kube-system": [
+            _as_operator(chart_release, "create", "--dry-run=server", "-f", "-",
+                         body=_config_map("sys", "kube-system", labels=True, owner=True)),
+        ],
+    }  # fmt: skip
+    for words, procs in refusals.items():
+        for proc in procs:
+            assert proc.returncode != 0 and words in proc.stderr, proc.stderr
+            assert "own-objects-only" in proc.stderr, proc.stderr
+    assert cluster.kubectl_json("get", "configmap", "users", "-n", namespace)["data"] == {"a": "b"}
+    # What the operator does write passes: labelled and owned, in a user namespace.
+    ok = _as_operator(chart_release, "create", "--dry-run=server", "-f", "-",
+                      body=_config_map("ours", namespace, labels=True, owner=True))  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def _rules(release: Release, namespace: str) -> str:
+    """``kubectl auth can-i --list`` for the operator's account in ``namespace``."""
+    return release.cluster.kubectl(
+        "auth", "can-i", "--list", "-n", namespace, f"--as={_sa(release)}"
+    ).stdout
+
+
+def _golden(name: str, text: str) -> None:
+    """Set UPDATE_GOLDEN=1 to rewrite the file after an intended change, then review it."""
+    path = GOLDEN / name
+    if os.environ.get("UPDATE_GOLDEN"):
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+    assert path.exists(), f"no golden file {path.name}; run with UPDATE_GOLDEN=1"
+    assert text == path.read_text(), f"{name} changed:\n{text}"
+
+
+def test_the_operators_permissions_match_the_golden_list_cluster_wide(
+    chart_release: Release, namespace: str
+) -> None:
+    _golden("can-i-cluster-wide.txt", _rules(chart_release, namespace))
+
+
 # --------------------------------------------------------------------------- upgrade, uninstall
 
 
@@ -250,6 +338,8 @@ def test_helm_upgrade_applies_changed_values_and_crds(
     # Namespaced permissions now only in team-a; the policy is gone.
     assert _can_i(chart_release, "patch", "deployments", "team-a") == "yes"
     assert _can_i(chart_release, "patch", "deployments", "default") == "no"
+    _golden("can-i-namespaced-watched.txt", _rules(chart_release, "team-a"))
+    _golden("can-i-namespaced-elsewhere.txt", _rules(chart_release, "default"))
     gone = cluster.kubectl("get", "validatingadmissionpolicy",
                            "vllm-op-vllm-operator-scale-down-lock", check=False)  # fmt: skip
     assert gone.returncode != 0 and "NotFound" in gone.stderr

@@ -407,9 +407,13 @@ def test_the_operator_environment_is_valid_operator_settings(
 # --------------------------------------------------------------------------- admission policy
 
 
+LOCK = "r-vllm-operator-scale-down-lock"
+OWN = "r-vllm-operator-own-objects-only"
+
+
 def test_the_scale_down_lock_policy_covers_both_objects_and_their_scale() -> None:
     docs = render()
-    policy = one(docs, "ValidatingAdmissionPolicy")
+    policy = one(docs, "ValidatingAdmissionPolicy", LOCK)
     resources = {
         r for rule in policy["spec"]["matchConstraints"]["resourceRules"] for r in rule["resources"]
     }
@@ -421,11 +425,38 @@ def test_the_scale_down_lock_policy_covers_both_objects_and_their_scale() -> Non
     }
     # The lock is the benchmark's load Job (a ConfigMap paramKind was never found).
     assert policy["spec"]["paramKind"] == {"apiVersion": "batch/v1", "kind": "Job"}
-    binding = one(docs, "ValidatingAdmissionPolicyBinding")
+    binding = one(docs, "ValidatingAdmissionPolicyBinding", LOCK)
     assert binding["spec"]["policyName"] == policy["metadata"]["name"]
     assert binding["spec"]["paramRef"]["parameterNotFoundAction"] == "Allow"
     assert binding["spec"]["validationActions"] == ["Deny"]
-    assert not of_kind(render({"scaleDownLock.enabled": "false"}), "ValidatingAdmissionPolicy")
+    left = render({"scaleDownLock.enabled": "false"})
+    assert [p["metadata"]["name"] for p in of_kind(left, "ValidatingAdmissionPolicy")] == [OWN]
+
+
+def test_the_own_objects_policy_matches_the_operators_account_and_every_kind_it_writes() -> None:
+    """Every namespaced resource the ClusterRole lets the operator write is narrowed by the
+    policy (events aside), for the chart's ServiceAccount only."""
+    docs = render({"rbac.deniedNamespaces": "{kube-system,team-x}"})
+    policy = one(docs, "ValidatingAdmissionPolicy", OWN)
+    matched = {
+        r for rule in policy["spec"]["matchConstraints"]["resourceRules"] for r in rule["resources"]
+    }
+    role = one(docs, "ClusterRole", "r-vllm-operator")
+    written = {
+        r
+        for rule in role["rules"]
+        if {"create", "patch", "update", "delete"} & set(rule["verbs"])
+        and rule["apiGroups"] != ["inference.vllm-operator.dev"]
+        for r in rule["resources"]
+    }
+    assert written - {"events"} == matched
+    (condition,) = policy["spec"]["matchConditions"]
+    assert "'system:serviceaccount:vllm-system:r-vllm-operator'" in condition["expression"]
+    assert '["kube-system","team-x"]' in policy["spec"]["validations"][0]["expression"]
+    binding = one(docs, "ValidatingAdmissionPolicyBinding", OWN)
+    assert binding["spec"] == {"policyName": OWN, "validationActions": ["Deny"]}
+    off = render({"rbac.ownObjectsOnly": "false"})
+    assert OWN not in [p["metadata"]["name"] for p in of_kind(off, "ValidatingAdmissionPolicy")]
 
 
 # --------------------------------------------------------------------------- metrics, dashboard
