@@ -1,0 +1,149 @@
+"""Pod failures reach the InferenceService's status, each produced for real on the real
+node by the operator's own pods (the chart's operator, the real CPU vLLM image).
+
+- an argument the image's vLLM refuses (the spec says 0.10.0, the image runs 0.32.0, and
+  an override only 0.10 takes): a crash loop, ``InvalidArgument``, ``Stalled=True``, with
+  vLLM's own "unrecognized arguments" line in the message;
+- a model path the image lacks (offline, as every pod here is): ``ModelNotFound``;
+- a memory limit below what vLLM needs in host memory: ``OOMKilled``;
+- an image that cannot be pulled (a registry on loopback that does not answer):
+  ``ImagePullFailed``, stalled once the kubelet backs off;
+- a memory request no node has: ``Unschedulable``, not stalled (nodes may be added), with
+  the scheduler's words.
+
+The GPU out-of-memory, gated-model and progress-deadline cases need a GPU, a model hub or
+a 10-minute wait; tests/reconcile/test_pods.py has them from recorded messages.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from devenv.cluster.cluster import ClusterHandle
+from devenv.cluster.images import Images
+from e2e.real_node_fixtures import ChartOperator
+from e2e.test_operator import _condition, _get, _wait
+
+SAMPLE = yaml.safe_load((Path(__file__).parents[1] / "examples" / "dev-sample.yaml").read_text())
+
+
+def _service(name: str, **spec: Any) -> dict[str, Any]:
+    body = copy.deepcopy(SAMPLE)
+    body["metadata"] = {"name": name}
+    # Warmup would only add a Job that fails the same way.
+    body["spec"]["warmup"] = {"enabled": False}
+    for key, value in spec.items():
+        body["spec"][key] = {**body["spec"].get(key, {}), **value} if isinstance(value, dict) \
+            else value  # fmt: skip
+    return body
+
+
+def _ready_says(cluster: ClusterHandle, ns: str, name: str, reason: str) -> dict[str, Any] | None:
+    obj = _get(cluster, ns, "isvc", name)
+    if obj and _condition(obj, "Ready").get("reason") == reason:
+        return obj
+    return None
+
+
+def _conditions(obj: dict[str, Any]) -> dict[str, tuple[str, str, str]]:
+    return {
+        c["type"]: (c["status"], c["reason"], c.get("message", ""))
+        for c in obj["status"]["conditions"]
+    }
+
+
+def _warned(cluster: ClusterHandle, ns: str, name: str, reason: str) -> bool:
+    events = _get(cluster, ns, "events", "--field-selector",
+                  f"involvedObject.name={name},reason={reason},type=Warning")  # fmt: skip
+    return bool((events or {}).get("items"))
+
+
+def test_crash_loops_from_vllms_own_errors_stall_with_the_log_line(
+    cluster: ClusterHandle,
+    chart_operator: ChartOperator,
+    real_images: Images,
+    real_namespace: Callable[..., str],
+) -> None:
+    ns = real_namespace(pod_security="baseline")
+    # Two CPU vLLM pods at a time: the node's two cores.
+    cluster.apply(
+        [
+            _service("badflag", vllmVersion="0.10.0", tuning={"overrides": {"swap-space": "4"}}),
+            _service(
+                "nomodel",
+                model={"source": {"image": {"path": "/models/no-such-model"}}},
+                podTemplate={"env": [{"name": "HF_HUB_OFFLINE", "value": "1"}]},
+            ),
+        ],
+        namespace=ns,
+    )
+    for name, reason, line in (
+        ("badflag", "InvalidArgument", "unrecognized arguments: --swap-space"),
+        ("nomodel", "ModelNotFound", "Repo id must be in the form"),
+    ):
+        obj = _wait(
+            lambda n=name, r=reason: (
+                (o := _ready_says(cluster, ns, n, r))
+                and _condition(o, "Stalled").get("status") == "True"
+                and o
+            ),
+            f"{name}: Ready={reason} and Stalled=True",
+            timeout=240,
+        )
+        conds = _conditions(obj)
+        assert conds["Stalled"][1] == reason and conds["Reconciling"][0] == "False", conds
+        message = conds["Ready"][2]
+        assert "container vllm exited" in message and "CrashLoopBackOff" in message, message
+        assert line in message, message
+        assert _warned(cluster, ns, name, reason)
+        print(f"\n{name}: {message}")
+    cluster.kubectl("delete", "isvc", "badflag", "nomodel", "-n", ns, "--wait=true")
+
+
+def test_oom_image_pull_and_unschedulable_are_named(
+    cluster: ClusterHandle,
+    chart_operator: ChartOperator,
+    real_images: Images,
+    real_namespace: Callable[..., str],
+) -> None:
+    ns = real_namespace(pod_security="baseline")
+    missing = real_images.vllm.rsplit(":", 1)[0] + ":v0.32.0-never-built"
+    cluster.apply(
+        [
+            _service("oom", node={"memory": "400Mi"}),
+            _service("nopull", image=missing),
+            _service("nowhere", node={"memory": "200Gi"}),
+        ],
+        namespace=ns,
+    )
+    nowhere = _wait(
+        lambda: _ready_says(cluster, ns, "nowhere", "Unschedulable"),
+        "nowhere: Ready=Unschedulable",
+        timeout=120,
+    )
+    conds = _conditions(nowhere)
+    assert conds["Stalled"][0] == "False" and conds["Reconciling"][:2] == ("True", "Unschedulable")
+    assert "Insufficient memory" in conds["Ready"][2], conds
+    nopull = _wait(
+        lambda: (
+            (o := _ready_says(cluster, ns, "nopull", "ImagePullFailed"))
+            and _condition(o, "Stalled").get("status") == "True"
+            and o
+        ),
+        "nopull: Ready=ImagePullFailed and Stalled=True",
+        timeout=180,
+    )
+    assert missing in _conditions(nopull)["Ready"][2]
+    oom = _wait(
+        lambda: _ready_says(cluster, ns, "oom", "OOMKilled"),
+        "oom: Ready=OOMKilled",
+        timeout=240,
+    )
+    assert "memory limit of" in _conditions(oom)["Ready"][2]
+    for obj in (nowhere, nopull, oom):
+        print(f"\n{obj['metadata']['name']}: {_conditions(obj)['Ready'][2]}")
