@@ -52,6 +52,8 @@ def reasons_in_code() -> set[str]:
         out |= _strings(path, r'\bstatus\(\s*"[A-Z]\w+",\s*"([A-Z]\w+)"')
         # Reasons named once as constants (a missing dataset or trace).
         out |= _strings(path, r'REASON_\w+: Final = "([A-Z]\w+)"')
+        # The stalls written without a pass (an invalid spec, the operator's own failure).
+        out |= _strings(path, r'_write_stalled\(\s*api,\s*body,\s*"([A-Z]\w+)"')
     # The pods' failures: the causes read from a log tail, and the (reason, message) pairs.
     pods = PKG / "reconcile" / "pods.py"
     out |= _strings(pods, r'^\s+\(\s*"([A-Z]\w+)",\s*$')

@@ -104,7 +104,7 @@ def test_the_log_tail_names_the_cause_and_the_line(log: str, reason: str) -> Non
         if log == OFFLINE
         else "Repo id must be in the form",
         "KVCacheDoesNotFit": "larger than the available KV cache memory",
-        "ContainerExited": "Last log line: \"SomethingElse: boom\".",
+        "ContainerExited": 'Last log line: "SomethingElse: boom".',
     }[reason]
     assert line in found.message
     assert "CrashLoopBackOff" in found.message

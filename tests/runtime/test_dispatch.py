@@ -339,3 +339,32 @@ async def test_a_refused_request_keeps_its_back_off(runtime: Runtime, calls: Cal
     calls.fail = None
     await runtime.work((ISVC, "team", "other"))
     assert runtime.queue._due[key] > time.monotonic()
+
+
+async def test_the_same_internal_error_five_passes_in_a_row_stalls_the_service(
+    runtime: Runtime, calls: Calls
+) -> None:
+    """A 500 is transient until it repeats: the same one for five passes is reported in
+    the status and the key stops retrying; another error, or a success, starts over."""
+    _cluster(runtime).put(_obj(KIND_INFERENCE_SERVICE, metadata={"generation": 3}))
+    key = (ISVC, "team", "chat")
+    calls.fail = ApiError(500, "InternalError", "Deployment.apps is invalid: env[1]: dup")
+    assert [await runtime.work(key) for _ in range(4)] == [1.0, 2.0, 4.0, 8.0]
+    cluster = _cluster(runtime)
+    assert not cluster.applied(f"{KIND_INFERENCE_SERVICE}/status")
+    assert await runtime.work(key) is None, "stalled: no retry"
+    assert cluster.applied(f"{KIND_INFERENCE_SERVICE}/status") == ["chat"]
+    (stored,) = cluster.objects.values()
+    conditions = {c["type"]: c for c in stored["status"]["conditions"]}
+    assert conditions["Stalled"]["status"] == "True"
+    assert conditions["Stalled"]["reason"] == "ApiServerError"
+    assert "5 times in a row" in conditions["Ready"]["message"]
+    assert "env[1]: dup" in conditions["Ready"]["message"]
+    assert runtime.queue.backoff(key) == 1.0, "its back-off forgotten"
+    # A 503 between two 500s, or another 500, starts the count again.
+    runtime.queue.forget(key)
+    for fail in (ApiError(500, "InternalError", "a"), ApiError(503, "Unavailable", "b")) * 3:
+        calls.fail = fail
+        assert await runtime.work(key) is not None
+    calls.fail = None
+    assert await runtime.work(key) is None and key not in runtime.repeated

@@ -541,6 +541,22 @@ async def _failed(api: ClusterAPI, body: Manifest, err: Exception, now: datetime
         log.warning("Writing the failure into the status failed too.", exc_info=True)
 
 
+async def report_repeated_error(
+    api: ClusterAPI, body: Manifest, err: ApiError, times: int, now: datetime | None = None
+) -> None:
+    """An internal error the apiserver gave ``times`` passes in a row, the same each time:
+    not transient after all (an object it cannot store, a webhook that always fails). The
+    status says so; the next change or resync tries again."""
+    now = (now or datetime.now(UTC)).replace(microsecond=0)
+    message = (
+        f"The apiserver answered the same internal error {times} times in a row for this "
+        f"InferenceService ({str(err)[:300]}); the operator stops retrying until the "
+        "InferenceService changes or the next resync. An admission webhook or a value the "
+        "apiserver cannot store is the usual cause: the apiserver's log has the details."
+    )
+    await _write_stalled(api, body, "ApiServerError", message, now, observed=False)
+
+
 async def _reconcile(
     api: ClusterAPI,
     body: Manifest,

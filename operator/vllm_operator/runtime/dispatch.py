@@ -41,6 +41,7 @@ from vllm_operator.reconcile.inference_service import (
     Outcome,
     list_nodes,
     reconcile_inference_service,
+    report_repeated_error,
 )
 from vllm_operator.runtime.cache import ChildOwners, ObjectCache
 from vllm_operator.runtime.health import stuck
@@ -56,6 +57,10 @@ BENCH: Final = "bench"
 SCALE: Final = "scale"
 # A benchmark waiting for its target or dataset is looked at again this soon.
 PENDING_BENCHMARK_SECONDS: Final = 5.0
+# An internal error (500) that the same service gets this many passes in a row, the same
+# each time, is reported as permanent (ApiServerError) instead of retried for ever: about
+# half a minute of back-off (1 + 2 + 4 + 8 s between the five).
+REPEATS_UNTIL_STALLED: Final = 5
 
 _KIND_OF: Final = {ISVC: KIND_INFERENCE_SERVICE, BENCH: KIND_INFERENCE_BENCHMARK,
                    SCALE: KIND_INFERENCE_SERVICE}  # fmt: skip
@@ -114,6 +119,9 @@ class Runtime:
     # minute grows to 32 s and more), so a change pending across an apiserver restart
     # catches up within seconds.
     unreachable: set[Key] = field(default_factory=set)
+    # The last internal error (500) of each service key, and how many passes in a row
+    # gave that same error.
+    repeated: dict[Key, tuple[str, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.queue = WorkQueue[Key](max_delay=self.settings.max_retry_seconds)
@@ -234,6 +242,8 @@ class Runtime:
                     owners=self.children.owners,
                 )
             except ApiError as err:
+                if await self._repeated_internal_error(key, body, err):
+                    return None
                 result = "retry" if err.transient else "error"
                 RECONCILES.labels(KIND_INFERENCE_SERVICE, result).inc()
                 delay = self._failed(key, err)
@@ -245,6 +255,7 @@ class Runtime:
                     extra={"object": f"{namespace}/{name}", "error": str(err), "delay": delay},
                 )  # fmt: skip
                 return delay
+        self.repeated.pop(key, None)
         result = "stalled" if outcome.stalled else "ok"
         RECONCILES.labels(KIND_INFERENCE_SERVICE, result).inc()
         # The object in the message itself: the plain log format prints no extras.
@@ -254,6 +265,31 @@ class Runtime:
         )
         self.queue.forget(key)
         return None
+
+    async def _repeated_internal_error(self, key: Key, body: Manifest, err: ApiError) -> bool:
+        """Whether ``err`` is the same internal error (500) as the key's last
+        ``REPEATS_UNTIL_STALLED - 1`` passes: then it is reported in the status as
+        permanent, and the key waits for a change or the resync instead of retrying."""
+        if err.status != 500:
+            self.repeated.pop(key, None)
+            return False
+        last, times = self.repeated.get(key, ("", 0))
+        times = times + 1 if last == str(err) else 1
+        self.repeated[key] = (str(err), times)
+        if times < REPEATS_UNTIL_STALLED:
+            return False
+        await report_repeated_error(self.api, body, err, times)
+        RECONCILES.labels(KIND_INFERENCE_SERVICE, "stalled").inc()
+        del self.repeated[key]
+        self.queue.forget(key)
+        _, namespace, name = key
+        log.warning(
+            "Reconcile of InferenceService %s/%s failed %d times in a row with %s; "
+            "stalled until it changes or the next resync.",
+            namespace, name, times, err,
+            extra={"object": f"{namespace}/{name}", "error": str(err)},
+        )  # fmt: skip
+        return True
 
     async def _work_benchmark(self, key: Key) -> float | None:
         _, namespace, name = key
