@@ -65,11 +65,24 @@ def lock_policy(crds: ClusterHandle) -> None:
 
 
 class OperatorProcess:
-    """``vllm-operator run`` as a child process; stop() and start() simulate restarts."""
+    """``vllm-operator run`` as a child process; stop() and start() simulate restarts.
 
-    def __init__(self, cluster: ClusterHandle, log_dir: Path) -> None:
+    ``kubeconfig`` (default: the cluster's) and ``env`` (settings over the defaults below)
+    are for the fault tests' own operator, which talks through a proxy."""
+
+    def __init__(
+        self,
+        cluster: ClusterHandle,
+        log_dir: Path,
+        *,
+        name: str = "operator",
+        kubeconfig: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.cluster = cluster
-        self.log_path = log_dir / "operator.log"
+        self.log_path = log_dir / f"{name}.log"
+        self.kubeconfig = kubeconfig or cluster.kubeconfig
+        self.extra_env = env or {}
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -78,13 +91,14 @@ class OperatorProcess:
         env = self.cluster.env()
         env.update(
             {
-                "VLLM_OPERATOR_KUBECONFIG": str(self.cluster.kubeconfig),
+                "VLLM_OPERATOR_KUBECONFIG": str(self.kubeconfig),
                 "VLLM_OPERATOR_RESYNC_SECONDS": env.get("VLLM_OPERATOR_RESYNC_SECONDS", "20"),
                 "VLLM_OPERATOR_METRICS_PORT": "0",
                 # A line per reconcile pass: what "nothing changed over a pass" awaits.
                 "VLLM_OPERATOR_LOG_LEVEL": "debug",
                 "VLLM_OPERATOR_HEALTH_PORT": "0",
                 "VLLM_OPERATOR_DEFAULT_IMAGE": "vllm/vllm-openai:e2e",
+                **self.extra_env,
             }
         )
         log = self.log_path.open("ab")
@@ -110,6 +124,14 @@ class OperatorProcess:
                 self.proc.wait(timeout=10)
         self.proc = None
 
+    def wait_started(self, mark: int = 0, timeout: float = 60) -> None:
+        """Until the operator logs that it started (after ``mark``, a log position)."""
+        deadline = time.monotonic() + timeout
+        while "Started the vllm-operator" not in self.log_since(mark):
+            assert self.alive(), f"the operator exited:\n{self.log_tail()}"
+            assert time.monotonic() < deadline, f"no start in {timeout:.0f} s:\n{self.log_tail()}"
+            time.sleep(0.2)
+
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
@@ -130,7 +152,7 @@ class OperatorProcess:
             return f.read().decode(errors="replace")
 
 
-def _log_dir(cluster: ClusterHandle, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def log_dir(cluster: ClusterHandle, tmp_path_factory: pytest.TempPathFactory) -> Path:
     if cluster.settings is not None:
         path = Path(cluster.settings.state_dir) / "logs"
         path.mkdir(parents=True, exist_ok=True)
@@ -144,12 +166,10 @@ def local_operator(
 ) -> Iterator[OperatorProcess]:
     """The operator as a local process, running for the whole session (tests may stop and
     start it)."""
-    op = OperatorProcess(crds, _log_dir(crds, tmp_path_factory))
+    op = OperatorProcess(crds, log_dir(crds, tmp_path_factory))
+    mark = op.log_mark()
     op.start()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and "Started the vllm-operator" not in op.log_tail(200):
-        assert op.alive(), f"the operator exited:\n{op.log_tail()}"
-        time.sleep(0.2)
+    op.wait_started(mark)
     yield op
     op.stop()
 
