@@ -259,6 +259,63 @@ def test_an_unsatisfiable_spec_stalls_without_a_retry_storm(
         raise AssertionError(f"{reasons}; operator processes:\n{procs}")
 
 
+def test_an_internal_error_that_repeats_stalls_the_service_and_clears_after_a_change(
+    op: OperatorProcess, namespace: str
+) -> None:
+    """A validating webhook that cannot be reached (a loopback port nothing listens on,
+    failurePolicy Fail) makes the apiserver answer 500 to every Deployment write in the
+    namespace: transient at first, reported as ApiServerError after five passes, and a
+    change after the webhook is gone reconciles as usual."""
+    cluster = op.cluster
+    webhook = f"e2e-refused-{namespace}"
+    hook = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": webhook},
+        "webhooks": [
+            {
+                "name": "refused.e2e.vllm-operator.dev",
+                "clientConfig": {"url": "https://127.0.0.1:1/validate"},
+                "rules": [
+                    {
+                        "apiGroups": ["apps"],
+                        "apiVersions": ["v1"],
+                        "operations": ["CREATE", "UPDATE"],
+                        "resources": ["deployments"],
+                    }
+                ],
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+                "failurePolicy": "Fail",
+                "sideEffects": "None",
+                "admissionReviewVersions": ["v1"],
+                "timeoutSeconds": 2,
+            }
+        ],
+    }
+    cluster.apply(hook)
+    try:
+        cluster.apply(_isvc("hooked"), namespace=namespace)
+        stalled = _wait(
+            lambda: (
+                (c := _condition(_get(cluster, namespace, "isvc", "hooked"), "Stalled")).get(
+                    "reason"
+                )
+                == "ApiServerError"
+                and c
+            ),
+            "Stalled=True, ApiServerError",
+            timeout=90,
+        )
+        assert stalled["status"] == "True"
+        assert "5 times in a row" in stalled["message"]
+        assert "failed calling webhook" in stalled["message"], stalled["message"]
+        assert _get(cluster, namespace, "deployment", "hooked") is None
+    finally:
+        cluster.kubectl("delete", "validatingwebhookconfiguration", webhook, check=False)
+    cluster.kubectl("annotate", "isvc", "hooked", "-n", namespace, "e2e/touched=1")
+    _wait_ready(cluster, namespace, "hooked")
+
+
 def test_kubectl_scale_changes_the_replicas(op: OperatorProcess, namespace: str) -> None:
     cluster = op.cluster
     cluster.apply(_isvc("chat"), namespace=namespace)
