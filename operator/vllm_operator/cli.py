@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -125,7 +126,36 @@ def build_parser() -> argparse.ArgumentParser:
 
     for _name, module in _COMPONENTS:
         importlib.import_module(module).add_parser(sub)
+    _plain_help(parser)
     return parser
+
+
+# Sphinx roles (:func:`x.y`, :class:`~x.Y`) and literals (``x``) in the docstrings that are
+# the commands' descriptions: a terminal shows the names alone.
+_ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")
+_LITERAL = re.compile(r"``([^`]+)``")
+_BLOCK = re.compile(r"::$", re.MULTILINE)  # a literal block follows
+
+
+def plain(text: str | None) -> str | None:
+    """A docstring as a terminal shows it: no reStructuredText markup."""
+    if text is None:
+        return None
+    return _BLOCK.sub(":", _LITERAL.sub(r"\1", _ROLE.sub(r"\1", text)))
+
+
+def _plain_help(parser: argparse.ArgumentParser) -> None:
+    """Every description, epilog and argument help of ``parser`` and its subcommands as
+    plain text."""
+    parser.description, parser.epilog = plain(parser.description), plain(parser.epilog)
+    for action in parser._actions:
+        if isinstance(action.help, str):
+            action.help = plain(action.help)
+        if isinstance(action, argparse._SubParsersAction):
+            for choice in action._choices_actions:
+                choice.help = plain(choice.help)
+            for sub in dict.fromkeys(action.choices.values()):
+                _plain_help(sub)
 
 
 def ensure_home() -> None:
