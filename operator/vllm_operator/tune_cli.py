@@ -222,11 +222,24 @@ def _overrides(pairs: Sequence[str]) -> dict[str, str]:
     return result
 
 
-def _read_yaml(path: str) -> Any:
+def _read_yaml(path: str, kind: str) -> Any:
+    """The document of ``kind`` in a YAML file of one or more documents (a manifest file
+    often holds a Secret or a Namespace beside the object); a file of one document is
+    returned as it is, for the models to say what is wrong with it."""
     try:
-        return yaml.safe_load(Path(path).read_text())
+        docs = [d for d in yaml.safe_load_all(Path(path).read_text()) if d is not None]
     except (OSError, yaml.YAMLError) as exc:
         raise InputError(f"cannot read {path}: {exc}") from exc
+    if len(docs) == 1:
+        return docs[0]
+    found = [d for d in docs if isinstance(d, dict) and d.get("kind") == kind]
+    if len(found) != 1:
+        kinds = ", ".join(str(d.get("kind")) if isinstance(d, dict) else "?" for d in docs)
+        raise InputError(
+            f"{path} has {len(found)} {kind} documents among {len(docs)} ({kinds}); "
+            f"give a file with one {kind}"
+        )
+    return found[0]
 
 
 def _load_config(model: str) -> dict[str, Any] | None:
@@ -294,7 +307,7 @@ def _model_spec(args: argparse.Namespace, base: ModelSpec | None) -> tuple[Model
 
 def _gpu_profile(args: argparse.Namespace) -> gpus.GPUProfile:
     if args.gpu_node:
-        data = _read_yaml(args.gpu_node)
+        data = _read_yaml(args.gpu_node, "GPUNode")
         try:
             node = GPUNode.model_validate(data)
         except ValidationError as exc:
@@ -326,7 +339,7 @@ def tune(args: argparse.Namespace) -> tuple[TuningResult, ModelInput | None]:
     service = None
     if args.service:
         try:
-            service = InferenceService.model_validate(_read_yaml(args.service))
+            service = InferenceService.model_validate(_read_yaml(args.service, "InferenceService"))
         except ValidationError as exc:
             raise InputError(f"{args.service} is not an InferenceService: {exc}") from exc
     spec = service.spec if service else None

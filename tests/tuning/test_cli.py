@@ -208,6 +208,21 @@ def test_an_inferenceservice_manifest(tmp_path: Path, capsys: pytest.CaptureFixt
     )
 
 
+def test_the_inferenceservice_of_a_file_of_several_documents(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The project's own full example holds a Secret and the InferenceService."""
+    full = Path(__file__).parents[2] / "examples" / "inferenceservice-full.yaml"
+    assert len(list(yaml.safe_load_all(full.read_text()))) > 1
+    code, out, err = run(capsys, "--service", str(full), "--gpu", "H100", "-o", "json")
+    assert code == 0, err
+    assert json.loads(out)["tuning"]["arguments"]
+    two = tmp_path / "two.yaml"
+    two.write_text(full.read_text() + "\n---\n" + full.read_text())
+    code, _, err = run(capsys, "--service", str(two), "--gpu", "H100")
+    assert code == 2 and "2 InferenceService documents among 4" in err, err
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
