@@ -184,6 +184,25 @@ def test_a_sweep_writes_json_status_html_and_the_termination_message(
     assert "Latency from the scheduled send time vs load" in html
 
 
+def test_an_endpoint_given_as_the_openai_clients_base_url_works(
+    fake_server: ServerFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """http://host:8000/v1 (the OpenAI SDK's base_url) asked for /v1/v1/models: a 404."""
+    server = fake_server(Config(ttft=Delay(value=0.001)))
+    out = tmp_path / "out"
+    code = main(
+        [
+            "--endpoint", server.url.rstrip("/") + "/v1/", "--concurrency", "2",
+            "--requests", "4", "--prompt-tokens", "16", "--output-tokens", "4",
+            "--output-dir", str(out), "--no-html", "--no-progress",
+        ]
+    )  # fmt: skip
+    assert code == EXIT_OK, capsys.readouterr()
+    results = json.loads((out / "results.json").read_text())
+    assert results["endpoint"] == server.url.rstrip("/")
+    assert [r["error"] for r in results["levels"][0]["requests"]] == [None] * 4
+
+
 def test_the_spec_file_of_an_inference_benchmark_drives_the_run(
     fake_server: ServerFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -102,6 +102,14 @@ class Target:
         return f"{parts.scheme}://{parts.netloc}{self.path}"
 
 
+def server_root(endpoint: str) -> str:
+    """The server's base URL as the requests' paths expect it (they add /v1/...): without
+    a trailing slash, and without the /v1 of the OpenAI clients' ``base_url`` convention
+    (http://host:8000/v1 asked for /v1/v1/models)."""
+    root = endpoint.rstrip("/")
+    return root[: -len("/v1")] if root.endswith("/v1") else root
+
+
 @dataclass(frozen=True)
 class Deadlines:
     """Per-request deadlines in seconds (None: none). TTFT and E2E count from the scheduled

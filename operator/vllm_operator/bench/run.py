@@ -31,7 +31,7 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from vllm_operator.bench import arrivals
-from vllm_operator.bench.client import Deadlines, LoadClient, Target
+from vllm_operator.bench.client import Deadlines, LoadClient, Target, server_root
 from vllm_operator.bench.records import Load, RequestRecord
 from vllm_operator.bench.result import (
     DEFAULT_TARGET_ATTAINMENT,
@@ -277,12 +277,13 @@ async def run_benchmark(
         raise BenchmarkError("the workload names a dataset; pass its content (--dataset-file)")
     if spec.arrival.process == "Trace" and not inputs.trace:
         raise BenchmarkError("arrival process Trace needs the trace (--trace-file)")
-    model = options.model or await _discover_model(options.endpoint)
+    endpoint = server_root(options.endpoint)
+    model = options.model or await _discover_model(endpoint)
     tokenizer, tokenizer_kind = await asyncio.to_thread(
-        choose_tokenizer, options.endpoint, model, options.tokenizer
+        choose_tokenizer, endpoint, model, options.tokenizer
     )
     target = Target(
-        endpoint=options.endpoint,
+        endpoint=endpoint,
         model=model,
         api="chat" if spec.endpoint.api == "ChatCompletions" else "completions",
         stream=spec.endpoint.stream,
@@ -368,7 +369,7 @@ async def run_benchmark(
         )
     return BenchmarkResult(
         spec=spec,
-        endpoint=options.endpoint,
+        endpoint=endpoint,
         model=model,
         levels=tuple(outcomes),
         start_time=started,
