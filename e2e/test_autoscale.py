@@ -4,10 +4,11 @@ vLLM containers' ``/metrics``.
 Load from the load generator raises vLLM's own signal and the replicas go up to the
 limit, the new pod taking traffic only once warmed up; a benchmark (its load Job a pod on
 the node) holds the scale-down that the signal asks for; once the benchmark is deleted,
-the replicas come down, the least loaded pod first (the older one here, which the ReplicaSet would otherwise
-keep), and the load generator counts no failed request. The test prints the timeline of
-replicas and signal. The two replicas take the node's 2 cores, one each; the operator and
-the load Job ask for none (``chart_operator``). HPA mode is in e2e/test_operator.py.
+the replicas come down, the least loaded pod first (the older one here, which the
+ReplicaSet would otherwise keep), and the load generator counts no failed request. The
+test prints the timeline of replicas and signal. The two replicas take the node's 2 cores,
+one each; the operator and the load Job ask for none (``chart_operator``). HPA mode is in
+e2e/test_operator.py.
 """
 
 from __future__ import annotations
