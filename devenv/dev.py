@@ -106,17 +106,17 @@ def dev_up(timeout: int) -> int:
     cluster.kubectl("apply", "-n", NAMESPACE, "-f", str(SAMPLE))
     _say(f"applied {SAMPLE.relative_to(REPO)}; waiting for Ready")
     proc = cluster.kubectl(
-        "wait", "--for=condition=Ready", "isvc/tiny-chat", "-n", NAMESPACE,
+        "wait", "--for=condition=Ready", "vis/tiny-chat", "-n", NAMESPACE,
         f"--timeout={timeout}s", timeout=timeout + 10, check=False,
     )  # fmt: skip
     for ns in (OPERATOR_NAMESPACE, NAMESPACE):
         print(cluster.kubectl("get", "pods", "-n", ns, "-o", "wide").stdout)
     if proc.returncode != 0:
-        print(cluster.kubectl("describe", "isvc", "tiny-chat", "-n", NAMESPACE).stdout)
+        print(cluster.kubectl("describe", "vis", "tiny-chat", "-n", NAMESPACE).stdout)
         print(cluster.kubectl("get", "events", "-n", NAMESPACE).stdout)
         print("[dev] the sample did not become Ready", file=sys.stderr)
         return 1
-    status = cluster.kubectl_json("get", "isvc", "tiny-chat", "-n", NAMESPACE)["status"]
+    status = cluster.kubectl_json("get", "vis", "tiny-chat", "-n", NAMESPACE)["status"]
     _say("effective vLLM arguments:")
     for arg in status["tuning"]["arguments"]:
         print(f"  --{arg['name']}={arg['value']}  ({arg['source']}: {arg['reason']})")

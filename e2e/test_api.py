@@ -15,6 +15,7 @@ from tests.catalog import InvalidCase, invalid_cases
 from devenv.cluster.cluster import ClusterHandle
 
 REPO = Path(__file__).parents[1]
+GROUP = "inference.vllm-operator.dev"
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 CASES = invalid_cases()
 
@@ -100,7 +101,7 @@ def test_kubectl_get_shows_the_printer_columns(crds: ClusterHandle, namespace: s
     crds.kubectl(
         "apply", "-n", namespace, "-f", str(REPO / "examples" / "inferenceservice-full.yaml")
     )
-    header = crds.kubectl("get", "isvc", "-n", namespace).stdout.splitlines()[0].split()
+    header = crds.kubectl("get", "vis", "-n", namespace).stdout.splitlines()[0].split()
     assert header[:2] == ["NAME", "READY"]
     for column in ("DESIRED", "MODEL", "GPUS", "AGE"):
         assert column in header
@@ -109,11 +110,57 @@ def test_kubectl_get_shows_the_printer_columns(crds: ClusterHandle, namespace: s
     assert "PHASE" in header and "TARGET" in header
 
 
+KSERVE_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "inferenceservices.serving.kserve.io"},
+    "spec": {
+        "group": "serving.kserve.io",
+        "scope": "Namespaced",
+        "names": {"kind": "InferenceService", "plural": "inferenceservices",
+                  "singular": "inferenceservice", "shortNames": ["isvc"]},
+        "versions": [{"name": "v1beta1", "served": True, "storage": True,
+                      "schema": {"openAPIV3Schema": {"type": "object",
+                                 "x-kubernetes-preserve-unknown-fields": True}}}],
+    },
+}  # fmt: skip
+
+
+def test_beside_kserve_each_short_name_means_one_kind(
+    crds: ClusterHandle, namespace: str, tmp_path: Path
+) -> None:
+    """KServe's InferenceService (its CRD's names, no controller) and ours on one
+    apiserver: isvc is KServe's, vis and the full plural are ours."""
+    crds.apply(KSERVE_CRD)
+    try:
+        crds.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+                     "crd/inferenceservices.serving.kserve.io")  # fmt: skip
+        crds.apply(_sample("theirs", "serving.kserve.io/v1beta1"), namespace=namespace)
+        crds.apply(_sample("ours", f"{GROUP}/v1alpha1", ours=True), namespace=namespace)
+        cache = f"--cache-dir={tmp_path}"  # discovery as a fresh kubectl sees it
+        for name, ours in (("isvc", False), ("vis", True),
+                           (f"inferenceservices.{GROUP}", True)):  # fmt: skip
+            got = crds.kubectl_json("get", name, "-n", namespace, cache)["items"]
+            assert [i["metadata"]["name"] for i in got] == ["ours" if ours else "theirs"], name
+    finally:
+        crds.kubectl("delete", "crd", "inferenceservices.serving.kserve.io", "--wait=false")
+
+
+def _sample(name: str, api_version: str, *, ours: bool = False) -> dict[str, object]:
+    spec = (
+        {"model": {"source": {"huggingFace": {"repo": "Qwen/Qwen2.5-0.5B-Instruct"}}}}
+        if ours
+        else {"predictor": {"model": {"modelFormat": {"name": "huggingface"}}}}
+    )
+    return {"apiVersion": api_version, "kind": "InferenceService",
+            "metadata": {"name": name}, "spec": spec}  # fmt: skip
+
+
 def test_defaults_are_filled_in_by_the_apiserver(crds: ClusterHandle, namespace: str) -> None:
     crds.kubectl(
         "apply", "-n", namespace, "-f", str(REPO / "examples" / "inferenceservice-minimal.yaml")
     )
-    spec = crds.kubectl_json("get", "isvc", "qwen-small", "-n", namespace)["spec"]
+    spec = crds.kubectl_json("get", "vis", "qwen-small", "-n", namespace)["spec"]
     assert spec["replicas"] == 1
     assert spec["gpu"]["count"] == "auto"
     assert spec["tuning"] == {"profile": "Balanced", "overrides": {}}

@@ -104,7 +104,7 @@ class Timeline:
     def _run(self) -> None:
         cluster, ns, name = self._args
         while not self._stop.is_set():
-            obj = _get(cluster, ns, "isvc", name) or {}
+            obj = _get(cluster, ns, "vis", name) or {}
             auto = obj.get("status", {}).get("autoscaling") or {}
             self.rows.append(
                 (
@@ -205,7 +205,7 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
     )
     _wait(
         lambda: (
-            (i := _get(cluster, ns, "isvc", "auto"))
+            (i := _get(cluster, ns, "vis", "auto"))
             and i.get("status", {}).get("readyReplicas") == 1
         ),
         "the first replica to be warmed up and Ready",
@@ -229,7 +229,7 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
         )
         loads.append(heavy)
         _wait(
-            lambda: (_get(cluster, ns, "isvc", "auto") or {}).get("spec", {}).get("replicas") == 2,
+            lambda: (_get(cluster, ns, "vis", "auto") or {}).get("spec", {}).get("replicas") == 2,
             "the scale-up",
             timeout=80,
         )
@@ -239,7 +239,7 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
         # scale-down window has not passed).
         isvc = _wait(
             lambda: (
-                (i := _get(cluster, ns, "isvc", "auto"))
+                (i := _get(cluster, ns, "vis", "auto"))
                 and i.get("status", {}).get("readyReplicas") == 2
                 and i
             ),
@@ -287,7 +287,7 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
         # The signal asks for one replica; the benchmark holds it.
         held = _wait(
             lambda: (
-                (i := _get(cluster, ns, "isvc", "auto"))
+                (i := _get(cluster, ns, "vis", "auto"))
                 and (i["status"].get("autoscaling") or {}).get("decision") == "ScaleDownHeld"
                 and i
             ),
@@ -301,7 +301,7 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
         # Held for several periods while the load Job runs.
         hold_until = time.monotonic() + 20
         while time.monotonic() < hold_until:
-            replicas = (_get(cluster, ns, "isvc", "auto") or {}).get("spec", {}).get("replicas")
+            replicas = (_get(cluster, ns, "vis", "auto") or {}).get("spec", {}).get("replicas")
             assert replicas == 2, "scaled down while the benchmark's load ran"
             time.sleep(1)
         assert job_state(_get(cluster, ns, "job", "hold-load") or {}) == "Running"
@@ -312,12 +312,12 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
         # and the pod that goes is the idle, older one.
         try:
             _wait(
-                lambda: (i := _get(cluster, ns, "isvc", "auto")) and i["spec"]["replicas"] == 1,
+                lambda: (i := _get(cluster, ns, "vis", "auto")) and i["spec"]["replicas"] == 1,
                 "the scale-down after the benchmark",
                 timeout=60,
             )
         except AssertionError as err:
-            last = _get(cluster, ns, "isvc", "auto") or {}
+            last = _get(cluster, ns, "vis", "auto") or {}
             auto = last.get("status", {}).get("autoscaling")
             raise AssertionError(f"{err}; status.autoscaling: {auto}") from None
         _wait(lambda: len(_pods(cluster, ns, "auto")) == 1, "one pod left", timeout=60)

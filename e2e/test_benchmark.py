@@ -73,7 +73,7 @@ def test_a_benchmark_runs_and_no_path_can_scale_its_target_down(
     cluster.apply(_target("svc", 2, real_images.fault_server), namespace=ns)
     _wait(
         lambda: (
-            (i := _get(cluster, ns, "isvc", "svc"))
+            (i := _get(cluster, ns, "vis", "svc"))
             and i.get("status", {}).get("readyReplicas") == 2
             and _condition(i, "Ready").get("status") == "True"
         ),
@@ -91,15 +91,15 @@ def test_a_benchmark_runs_and_no_path_can_scale_its_target_down(
     assert job["metadata"]["labels"][f"{GROUP}/lock-target"] == "svc"
     _wait(
         lambda: (
-            _condition(_get(cluster, ns, "isvc", "svc"), "ScaleDownBlocked").get("status") == "True"
+            _condition(_get(cluster, ns, "vis", "svc"), "ScaleDownBlocked").get("status") == "True"
         ),
         "ScaleDownBlocked=True",
     )
-    blocked = _condition(_get(cluster, ns, "isvc", "svc"), "ScaleDownBlocked")
+    blocked = _condition(_get(cluster, ns, "vis", "svc"), "ScaleDownBlocked")
     assert "load" in blocked["message"]
 
     # Every way down is refused while it runs ...
-    err = _refused(cluster, "scale", "isvc", "svc", "-n", ns, "--replicas=1")
+    err = _refused(cluster, "scale", "vis", "svc", "-n", ns, "--replicas=1")
     assert "while InferenceBenchmark load runs" in err, err
     _refused(cluster, "scale", "deployment", "svc", "-n", ns, "--replicas=1")
     _refused(
@@ -114,7 +114,7 @@ def test_a_benchmark_runs_and_no_path_can_scale_its_target_down(
         '{"spec": {"replicas": 1}}',
     )
     _refused(
-        cluster, "patch", "isvc", "svc", "-n", ns, "--type=merge", "-p", '{"spec": {"replicas": 1}}'
+        cluster, "patch", "vis", "svc", "-n", ns, "--type=merge", "-p", '{"spec": {"replicas": 1}}'
     )
     cluster.apply(
         {
@@ -160,10 +160,10 @@ def test_a_benchmark_runs_and_no_path_can_scale_its_target_down(
         timeout=60,
     )
     cluster.kubectl("delete", "hpa", "svc", "-n", ns)
-    assert _replicas(cluster, ns, "isvc", "svc") == 2
+    assert _replicas(cluster, ns, "vis", "svc") == 2
     assert _replicas(cluster, ns, "deployment", "svc") == 2
     # ... while up is allowed.
-    cluster.kubectl("scale", "isvc", "svc", "-n", ns, "--replicas=3")
+    cluster.kubectl("scale", "vis", "svc", "-n", ns, "--replicas=3")
     _wait(lambda: _replicas(cluster, ns, "deployment", "svc") == 3, "the scale-up")
 
     bench = _wait(
@@ -186,7 +186,7 @@ def test_a_benchmark_runs_and_no_path_can_scale_its_target_down(
     # benchmark's own status change then reconciles the target again.
     isvc = _wait(
         lambda: (
-            (i := _get(cluster, ns, "isvc", "svc"))
+            (i := _get(cluster, ns, "vis", "svc"))
             and _condition(i, "ScaleDownBlocked").get("status") == "False"
             and "lastBenchmark" in i["status"]
             and i
@@ -196,7 +196,7 @@ def test_a_benchmark_runs_and_no_path_can_scale_its_target_down(
     assert isvc["status"]["lastBenchmark"]["name"] == "load"
     assert isvc["status"]["lastBenchmark"]["phase"] == "Succeeded"
     # Afterwards, down works again.
-    cluster.kubectl("scale", "isvc", "svc", "-n", ns, "--replicas=1")
+    cluster.kubectl("scale", "vis", "svc", "-n", ns, "--replicas=1")
     _wait(lambda: _replicas(cluster, ns, "deployment", "svc") == 1, "the scale-down")
 
 
@@ -208,7 +208,7 @@ def test_the_lock_clears_when_the_operator_is_down_as_the_benchmark_ends(
     cluster.apply(_target("svc", 2, real_images.fault_server), namespace=ns)
     _wait(
         lambda: (
-            (i := _get(cluster, ns, "isvc", "svc"))
+            (i := _get(cluster, ns, "vis", "svc"))
             and _condition(i, "Ready").get("status") == "True"
         ),
         "Ready",
@@ -218,7 +218,7 @@ def test_the_lock_clears_when_the_operator_is_down_as_the_benchmark_ends(
     _wait(lambda: _phase(cluster, ns, "short") == "Running", "the benchmark to run", timeout=90)
     operator.stop()  # the Deployment scaled to 0: no operator pod at all
     try:
-        _refused(cluster, "scale", "isvc", "svc", "-n", ns, "--replicas=1")
+        _refused(cluster, "scale", "vis", "svc", "-n", ns, "--replicas=1")
         # The load Job ends: the lock it is goes with it, no operator needed.
         _wait(
             lambda: any(
@@ -230,8 +230,8 @@ def test_the_lock_clears_when_the_operator_is_down_as_the_benchmark_ends(
             "the load Job to finish without the operator",
             timeout=180,
         )
-        cluster.kubectl("scale", "isvc", "svc", "-n", ns, "--replicas=1")
-        assert _replicas(cluster, ns, "isvc", "svc") == 1
+        cluster.kubectl("scale", "vis", "svc", "-n", ns, "--replicas=1")
+        assert _replicas(cluster, ns, "vis", "svc") == 1
     finally:
         operator.start()
     _wait(

@@ -66,7 +66,7 @@ def test_a_stall_is_recorded_with_one_event_under_the_service_account(
     cluster.apply(_isvc("huge", gpu={"count": 16}), namespace=namespace)
 
     def stalled() -> Any:
-        isvc = cluster.kubectl_json("get", "isvc", "huge", "-n", namespace)
+        isvc = cluster.kubectl_json("get", "vis", "huge", "-n", namespace)
         conds = {c["type"]: c for c in isvc.get("status", {}).get("conditions", [])}
         return conds.get("Stalled", {}).get("status") == "True" and conds["Stalled"]
 
@@ -145,7 +145,7 @@ def test_a_gitops_apply_shows_no_diff_after_the_operator_converged(
     assert diff.returncode == 0, f"drift after the operator ran:\n{diff.stdout}{diff.stderr}"
     assert diff.stdout == ""
     # The operator owns only status on the user's object, through the status subresource.
-    isvc = cluster.kubectl_json("get", "isvc", "chat", "-n", namespace, "--show-managed-fields")
+    isvc = cluster.kubectl_json("get", "vis", "chat", "-n", namespace, "--show-managed-fields")
     managers = {
         (m["manager"], m.get("subresource", "")): m for m in isvc["metadata"]["managedFields"]
     }
@@ -195,13 +195,13 @@ def test_the_scale_down_lock_refuses_lower_replicas_on_every_path(
     cluster.apply(_lock(namespace, "chat", image))
 
     refusals = {
-        "kubectl scale isvc": ("scale", "isvc", "chat", "--replicas=1"),
+        "kubectl scale vis": ("scale", "vis", "chat", "--replicas=1"),
         "kubectl scale deployment": ("scale", "deployment", "chat", "--replicas=1"),
         "a patch of the Deployment": (
             "patch", "deployment", "chat", "--type=merge", "-p", '{"spec":{"replicas":1}}',
         ),
         "a patch of the InferenceService": (
-            "patch", "isvc", "chat", "--type=merge", "-p", '{"spec":{"replicas":0}}',
+            "patch", "vis", "chat", "--type=merge", "-p", '{"spec":{"replicas":0}}',
         ),
     }  # fmt: skip
     for path, args in refusals.items():
@@ -210,12 +210,12 @@ def test_the_scale_down_lock_refuses_lower_replicas_on_every_path(
         assert "cannot go down from 2 to" in proc.stderr, proc.stderr
         assert "InferenceBenchmark bench" in proc.stderr
     # Scale-up stays allowed, and the operator follows it.
-    cluster.kubectl("scale", "isvc", "chat", "--replicas=3", "-n", namespace)
+    cluster.kubectl("scale", "vis", "chat", "--replicas=3", "-n", namespace)
     _wait(lambda: _replicas(cluster, namespace, "chat") == 3, "the scale-up under the lock")
     # Another service in the namespace is not locked.
     cluster.apply(_isvc("other", replicas=2), namespace=namespace)
-    cluster.kubectl("scale", "isvc", "other", "--replicas=1", "-n", namespace)
+    cluster.kubectl("scale", "vis", "other", "--replicas=1", "-n", namespace)
     # The lock gone, scale-down works again.
     cluster.kubectl("delete", "job", "bench-chat-lock", "-n", namespace)
-    cluster.kubectl("scale", "isvc", "chat", "--replicas=1", "-n", namespace)
+    cluster.kubectl("scale", "vis", "chat", "--replicas=1", "-n", namespace)
     _wait(lambda: _replicas(cluster, namespace, "chat") == 1, "the scale-down after the lock")

@@ -82,14 +82,14 @@ def _patch_spec(cluster: ClusterHandle, ns: str, name: str, max_model_len: str) 
     """A spec change; the generation it made."""
     patch = {"spec": {"tuning": {"overrides": {"max-model-len": max_model_len}}}}
     out = cluster.kubectl(
-        "patch", "isvc", name, "-n", ns, "--type=merge", "-p", json.dumps(patch), "-o", "json"
+        "patch", "vis", name, "-n", ns, "--type=merge", "-p", json.dumps(patch), "-o", "json"
     ).stdout
     generation: int = json.loads(out)["metadata"]["generation"]
     return generation
 
 
 def _observed(cluster: ClusterHandle, ns: str, name: str, generation: int) -> bool:
-    isvc: dict[str, Any] = _get(cluster, ns, "isvc", name) or {}
+    isvc: dict[str, Any] = _get(cluster, ns, "vis", name) or {}
     return bool(isvc.get("status", {}).get("observedGeneration", 0) >= generation)
 
 

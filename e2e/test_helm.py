@@ -357,7 +357,7 @@ def test_helm_uninstall_keeps_the_crds_and_their_objects_by_default(
     chart_release.uninstall()
     for crd in CRDS:
         cluster.kubectl("get", "crd", crd)
-    cluster.kubectl("get", "isvc", "kept", "-n", namespace)
+    cluster.kubectl("get", "vis", "kept", "-n", namespace)
     gone = cluster.kubectl("get", "deployment", "vllm-op-vllm-operator",
                            "-n", chart_release.namespace, check=False)  # fmt: skip
     assert gone.returncode != 0

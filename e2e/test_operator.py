@@ -72,7 +72,7 @@ def _wait_ready(cluster: ClusterHandle, ns: str, name: str, timeout: int = 90) -
     cluster.kubectl(
         "wait",
         "--for=condition=Ready",
-        f"isvc/{name}",
+        f"vis/{name}",
         "-n",
         ns,
         f"--timeout={timeout}s",
@@ -93,7 +93,7 @@ def test_a_service_gets_owned_children_and_becomes_ready(
     cluster = op.cluster
     cluster.apply(_isvc("chat"), namespace=namespace)
     _wait_ready(cluster, namespace, "chat")
-    isvc = _get(cluster, namespace, "isvc", "chat")
+    isvc = _get(cluster, namespace, "vis", "chat")
     assert isvc is not None
     uid = isvc["metadata"]["uid"]
     for kind in ("deployment", "service", "poddisruptionbudget"):
@@ -130,7 +130,7 @@ def test_a_spec_change_rolls_out_and_observed_generation_follows(
     assert before is not None
     cluster.kubectl(
         "patch",
-        "isvc",
+        "vis",
         "chat",
         "-n",
         namespace,
@@ -150,7 +150,7 @@ def test_a_spec_change_rolls_out_and_observed_generation_follows(
     _wait(rolled, "the Deployment to carry the override")
     isvc = _wait(
         lambda: (
-            (i := _get(cluster, namespace, "isvc", "chat"))
+            (i := _get(cluster, namespace, "vis", "chat"))
             and i["status"]["observedGeneration"] == i["metadata"]["generation"]
             and _condition(i, "Ready").get("status") == "True"
             and i
@@ -210,7 +210,7 @@ def test_deleting_the_service_garbage_collects_its_children(
     if not running:
         op.stop()
     try:
-        cluster.kubectl("delete", "isvc", "chat", "-n", namespace, "--wait=true", "--timeout=30s")
+        cluster.kubectl("delete", "vis", "chat", "-n", namespace, "--wait=true", "--timeout=30s")
         for kind in ("deployment", "service", "pdb"):
             _wait(lambda k=kind: _get(cluster, namespace, k, "chat") is None, f"{kind} to go")
         _wait(
@@ -231,21 +231,21 @@ def test_an_unsatisfiable_spec_stalls_without_a_retry_storm(
     cluster.apply(huge, namespace=namespace)
     stalled = _wait(
         lambda: (
-            _condition(_get(cluster, namespace, "isvc", "huge"), "Stalled").get("status") == "True"
-            and _condition(_get(cluster, namespace, "isvc", "huge"), "Stalled")
+            _condition(_get(cluster, namespace, "vis", "huge"), "Stalled").get("status") == "True"
+            and _condition(_get(cluster, namespace, "vis", "huge"), "Stalled")
         ),
         "Stalled=True",
     )
     assert stalled["reason"] == "NotEnoughGPUs"
     assert "16 GPUs" in stalled["message"]
-    ready = _condition(_get(cluster, namespace, "isvc", "huge"), "Ready")
+    ready = _condition(_get(cluster, namespace, "vis", "huge"), "Ready")
     assert ready["status"] == "False" and ready["reason"] == "NotEnoughGPUs"
     assert _get(cluster, namespace, "deployment", "huge") is None, "nothing that cannot run"
     # Over the next reconcile pass (a resync's) the object is left alone: one event,
     # status unchanged.
-    first = _get(cluster, namespace, "isvc", "huge")
+    first = _get(cluster, namespace, "vis", "huge")
     _await_pass(op, namespace, "huge", op.log_mark())
-    again = _get(cluster, namespace, "isvc", "huge")
+    again = _get(cluster, namespace, "vis", "huge")
     assert first and again
     assert again["metadata"]["resourceVersion"] == first["metadata"]["resourceVersion"]
     events = _get(cluster, namespace, "events", "--field-selector", "involvedObject.name=huge")
@@ -297,7 +297,7 @@ def test_an_internal_error_that_repeats_stalls_the_service_and_clears_after_a_ch
         cluster.apply(_isvc("hooked"), namespace=namespace)
         stalled = _wait(
             lambda: (
-                (c := _condition(_get(cluster, namespace, "isvc", "hooked"), "Stalled")).get(
+                (c := _condition(_get(cluster, namespace, "vis", "hooked"), "Stalled")).get(
                     "reason"
                 )
                 == "ApiServerError"
@@ -312,7 +312,7 @@ def test_an_internal_error_that_repeats_stalls_the_service_and_clears_after_a_ch
         assert _get(cluster, namespace, "deployment", "hooked") is None
     finally:
         cluster.kubectl("delete", "validatingwebhookconfiguration", webhook, check=False)
-    cluster.kubectl("annotate", "isvc", "hooked", "-n", namespace, "e2e/touched=1")
+    cluster.kubectl("annotate", "vis", "hooked", "-n", namespace, "e2e/touched=1")
     _wait_ready(cluster, namespace, "hooked")
 
 
@@ -320,7 +320,7 @@ def test_kubectl_scale_changes_the_replicas(op: OperatorProcess, namespace: str)
     cluster = op.cluster
     cluster.apply(_isvc("chat"), namespace=namespace)
     _wait_ready(cluster, namespace, "chat")
-    cluster.kubectl("scale", "isvc", "chat", "-n", namespace, "--replicas=2")
+    cluster.kubectl("scale", "vis", "chat", "-n", namespace, "--replicas=2")
     _wait(
         lambda: (
             (_get(cluster, namespace, "deployment", "chat") or {}).get("spec", {}).get("replicas")
@@ -330,7 +330,7 @@ def test_kubectl_scale_changes_the_replicas(op: OperatorProcess, namespace: str)
     )
     _wait(
         lambda: (
-            (i := _get(cluster, namespace, "isvc", "chat"))
+            (i := _get(cluster, namespace, "vis", "chat"))
             and i["status"].get("readyReplicas") == 2
             and _condition(i, "Ready").get("status") == "True"
         ),
@@ -366,7 +366,7 @@ def test_a_restart_mid_reconcile_leaves_no_twins_and_no_rollout(
     op.stop(kill=True)
     mark = op.log_mark()
     op.start()
-    isvc = _get(cluster, namespace, "isvc", "chat")
+    isvc = _get(cluster, namespace, "vis", "chat")
     assert isvc is not None
     # The restarted operator's first pass over the service (its start lists every object).
     _await_pass(op, namespace, "chat", mark)
@@ -417,7 +417,7 @@ def test_an_hpa_scales_the_service_through_its_scale_subresource(
     )
     _wait(
         lambda: (
-            (_get(cluster, namespace, "isvc", "chat") or {}).get("spec", {}).get("replicas") == 2
+            (_get(cluster, namespace, "vis", "chat") or {}).get("spec", {}).get("replicas") == 2
         ),
         "the HPA to set spec.replicas to 2",
         timeout=90,
@@ -473,7 +473,7 @@ def test_hpa_mode_hands_the_real_hpa_controller_the_scale_subresource_and_the_lo
     assert hpa["spec"]["metrics"][0]["pods"]["target"]["averageValue"] in ("500m", "0.5")
     assert hpa["spec"]["behavior"]["scaleDown"]["selectPolicy"] == "Max"
     _wait(
-        lambda: ((_get(cluster, ns, "isvc", "hpa") or {}).get("status", {}).get("autoscaling")
+        lambda: ((_get(cluster, ns, "vis", "hpa") or {}).get("status", {}).get("autoscaling")
                  or {}).get("horizontalPodAutoscaler") == "hpa",
         "status.autoscaling to name the HPA",
         30,
@@ -517,7 +517,7 @@ def test_hpa_mode_hands_the_real_hpa_controller_the_scale_subresource_and_the_lo
     _wait(lambda: select_policy() == "Max", "scale-down back on", 60)
     # Autoscaling off: the HPA goes.
     cluster.kubectl(
-        "patch", "isvc", "hpa", "-n", ns, "--type=merge",
+        "patch", "vis", "hpa", "-n", ns, "--type=merge",
         "-p", '{"spec": {"autoscaling": {"enabled": false}}}',
     )  # fmt: skip
     _wait(lambda: _get(cluster, ns, "hpa", "hpa") is None, "the HPA to go", 60)

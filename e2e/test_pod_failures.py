@@ -44,7 +44,7 @@ def _service(name: str, **spec: Any) -> dict[str, Any]:
 
 
 def _ready_says(cluster: ClusterHandle, ns: str, name: str, reason: str) -> dict[str, Any] | None:
-    obj = _get(cluster, ns, "isvc", name)
+    obj = _get(cluster, ns, "vis", name)
     if obj and _condition(obj, "Ready").get("reason") == reason:
         return obj
     return None
@@ -102,7 +102,7 @@ def test_crash_loops_from_vllms_own_errors_stall_with_the_log_line(
         assert line in message, message
         assert _warned(cluster, ns, name, reason)
         print(f"\n{name}: {message}")
-    cluster.kubectl("delete", "isvc", "badflag", "nomodel", "-n", ns, "--wait=true")
+    cluster.kubectl("delete", "vis", "badflag", "nomodel", "-n", ns, "--wait=true")
 
 
 def test_oom_image_pull_and_unschedulable_are_named(

@@ -112,7 +112,7 @@ def served(cluster: ClusterHandle, chart_operator: ChartOperator) -> Iterator[st
     try:
         cluster.apply(_sample("tiny-chat"), namespace=ns)
         cluster.kubectl(
-            "wait", "--for=condition=Ready", "isvc/tiny-chat", "-n", ns, "--timeout=480s",
+            "wait", "--for=condition=Ready", "vis/tiny-chat", "-n", ns, "--timeout=480s",
             timeout=500,
         )  # fmt: skip
         yield ns
@@ -188,7 +188,7 @@ def test_a_service_is_served_by_a_real_vllm_container_after_a_real_warmup(
     endpoint = f"http://{server['status']['podIP']}:8000"
     assert endpoint in warm["spec"]["containers"][0]["args"]
     assert server["status"]["podIP"].startswith("198.18.1.")
-    isvc = cluster.kubectl_json("get", "isvc", "tiny-chat", "-n", ns)
+    isvc = cluster.kubectl_json("get", "vis", "tiny-chat", "-n", ns)
     warmup = isvc["status"]["warmup"]
     assert warmup["lastColdTtftMilliseconds"] > 0 and warmup["lastWarmTtftMilliseconds"] > 0
 
@@ -230,7 +230,7 @@ def test_a_benchmark_runs_as_a_real_load_job_under_the_scale_down_lock(
         return got.get("status", {}).get("phase")
 
     wait_until("the benchmark Running", lambda: phase() == "Running", 180)
-    refused = cluster.kubectl("scale", "isvc/tiny-chat", "-n", ns, "--replicas=0", check=False)
+    refused = cluster.kubectl("scale", "vis/tiny-chat", "-n", ns, "--replicas=0", check=False)
     assert refused.returncode != 0, "scale-down allowed during the benchmark"
     assert "holds the scale-down lock" in refused.stderr, refused.stderr
     wait_until("the benchmark ended", lambda: phase() in ("Succeeded", "Failed"), 240)

@@ -85,7 +85,7 @@ def _jobs(cluster: ClusterHandle, ns: str, name: str) -> list[dict[str, Any]]:
 
 
 def _isvc_now(cluster: ClusterHandle, ns: str, name: str) -> dict[str, Any]:
-    got: dict[str, Any] = cluster.kubectl_json("get", "isvc", name, "-n", ns)
+    got: dict[str, Any] = cluster.kubectl_json("get", "vis", name, "-n", ns)
     return got
 
 
@@ -129,7 +129,7 @@ def test_a_pod_becomes_ready_after_its_warmup_and_scaling_up_warms_only_the_new_
     assert job["metadata"]["ownerReferences"][0]["uid"] == pod["metadata"]["uid"]
     assert _condition(isvc, "WarmedUp")["status"] == "True"
 
-    cluster.kubectl("scale", "isvc", "svc", "-n", ns, "--replicas=2")
+    cluster.kubectl("scale", "vis", "svc", "-n", ns, "--replicas=2")
     _ready_replicas(cluster, ns, "svc", 2)
     jobs = sorted(j["metadata"]["name"] for j in _jobs(cluster, ns, "svc"))
     assert len(jobs) == 2 and job["metadata"]["name"] in jobs, jobs

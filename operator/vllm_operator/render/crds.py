@@ -231,7 +231,7 @@ def inference_service_crd() -> Schema:
         plural="inferenceservices",
         singular="inferenceservice",
         scope="Namespaced",
-        short_names=["isvc", "vis"],
+        short_names=["vis"],
         schema=_root_schema(InferenceService, spec_required=True, root_rules=[_ISVC_NAME_RULE]),
         scale={
             "specReplicasPath": ".spec.replicas",

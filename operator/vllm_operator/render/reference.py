@@ -146,7 +146,7 @@ def render_reference(crds: Sequence[Schema] | None = None) -> str:
         "Every field of the custom resources, as the apiserver validates them (types, "
         "defaults, bounds and CEL rules come from the CRDs in `crds/`, which are generated "
         "from the pydantic models in `operator/vllm_operator/models/`). `kubectl explain "
-        "isvc.spec` shows the same descriptions.\n\n"
+        "vis.spec` shows the same descriptions.\n\n"
         + "\n".join(
             f"- [{c['spec']['names']['kind']}](#{c['spec']['names']['kind'].lower()})" for c in crds
         )
