@@ -117,6 +117,9 @@ def test_a_service_gets_owned_children_and_becomes_ready(
     assert status["observedGeneration"] == isvc["metadata"]["generation"]
     assert status["readyReplicas"] == 1
     assert status["endpoint"] == f"http://chat.{namespace}.svc:8000/v1"
+    header, row = (line.split() for line in cluster.kubectl("get", "vis", "chat", "-n",
+                   namespace).stdout.splitlines())  # fmt: skip
+    assert dict(zip(header, row, strict=True))["MODEL"] == status["servedModelName"]
     assert status["tuning"]["plannedBy"] in ("SpecOnly", "Tuner")
 
 

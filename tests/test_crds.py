@@ -136,3 +136,14 @@ def test_printer_columns_and_names() -> None:
     bench = CRDS["InferenceBenchmark"]["spec"]["versions"][0]["additionalPrinterColumns"]
     assert "Phase" in [c["name"] for c in bench]
     assert CRDS["GPUNode"]["spec"]["scope"] == "Cluster"
+    # Each column reads a field the status has: a count of GPUs (not the first GPU's
+    # index), the name requests give (not spec.model.name, empty when left out).
+    for crd, column, path in (
+        ("GPUNode", "GPUs", ".status.gpuCount"),
+        ("InferenceService", "Model", ".status.servedModelName"),
+    ):
+        version = CRDS[crd]["spec"]["versions"][0]
+        (found,) = [c for c in version["additionalPrinterColumns"] if c["name"] == column]
+        assert found["jsonPath"] == path
+        status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+        assert path.split(".")[-1] in status

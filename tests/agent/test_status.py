@@ -35,6 +35,13 @@ def test_a_first_status_is_always_written() -> None:
     assert needs_write(status_of(), None, written_at=None, now=T0, refresh=REFRESH)
 
 
+def test_the_gpu_count_is_in_the_status_for_kubectls_column() -> None:
+    """The GPUs column printed the first GPU's index (0 for an 8-GPU node)."""
+    status = status_of()
+    assert status.gpu_count == len(status.gpus) > 0
+    assert status.to_wire()["gpuCount"] == len(status.gpus)
+
+
 def test_temperature_draw_and_current_clocks_alone_wait_for_the_refresh() -> None:
     first = status_of()
     snap = answer_sets.capped_300w_of_450w()

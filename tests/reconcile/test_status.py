@@ -141,6 +141,8 @@ def test_every_condition_is_there_from_the_first_reconcile() -> None:
     assert status.observed_generation == 3
     assert status.selector == "inference.vllm-operator.dev/inference-service=chat"
     assert status.endpoint == "http://chat.team-a.svc:8000/v1"
+    # kubectl's MODEL column: the name requests give, spec.model.name or the service's.
+    assert status.served_model_name == (svc.spec.model.name or "chat")
 
 
 def test_transition_time_is_kept_while_the_status_holds() -> None:

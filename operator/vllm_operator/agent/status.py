@@ -78,6 +78,7 @@ def compute_status(
         driver_version=inv.driver_version,
         cuda_version=inv.cuda_version,
         gpus=inv.gpus,
+        gpu_count=len(inv.gpus),
         links=inv.links,
         interconnect=inv.interconnect,
         bandwidth=probe,

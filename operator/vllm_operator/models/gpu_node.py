@@ -166,6 +166,7 @@ class GPUNodeStatus(ApiModel):
     driver_version: str | None = Field(default=None, description="NVIDIA driver version.")
     cuda_version: str | None = Field(default=None, description="CUDA version the driver has.")
     gpus: list[GPUInfo] = Field(default_factory=list, description="The GPUs.")
+    gpu_count: int | None = Field(default=None, ge=0, description="How many GPUs the node has.")
     links: list[GPULink] = Field(default_factory=list, description="Pairwise interconnect.")
     interconnect: Literal["NVLink", "PCIe", "None"] | None = Field(
         default=None, description="Weakest path between any two GPUs, as a class."

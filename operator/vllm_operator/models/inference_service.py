@@ -746,6 +746,10 @@ class InferenceServiceStatus(ApiModel):
         default=None, description="Label selector of the pods (scale subresource)."
     )
     endpoint: str | None = Field(default=None, description="In-cluster OpenAI-compatible URL.")
+    served_model_name: str | None = Field(
+        default=None,
+        description="The model name requests give (spec.model.name, else the service's name).",
+    )
     tuning: EffectiveTuning | None = Field(default=None, description="The effective tuning.")
     warmup: WarmupStatus | None = Field(default=None, description="Warmup results.")
     last_benchmark: BenchmarkSummary | None = Field(

@@ -20,6 +20,7 @@ from vllm_operator.models.inference_service import (
 )
 from vllm_operator.reconcile.conditions import condition, pod_condition
 from vllm_operator.reconcile.pods import pod_problem
+from vllm_operator.render.deployment import served_model_name
 from vllm_operator.render.meta import selector_string
 from vllm_operator.render.service import endpoint_url
 
@@ -175,6 +176,7 @@ def compute_status(
         warmed_replicas=warmed,
         selector=selector_string(isvc),
         endpoint=endpoint_url(isvc),
+        served_model_name=served_model_name(isvc),
         tuning=observed.tuning,
         warmup=observed.warmup,
         last_benchmark=last_benchmark,

@@ -243,7 +243,7 @@ def inference_service_crd() -> Schema:
             {"name": "Desired", "type": "integer", "jsonPath": ".spec.replicas"},
             {"name": "Ready-Replicas", "type": "integer", "jsonPath": ".status.readyReplicas"},
             {"name": "Warmed", "type": "integer", "jsonPath": ".status.warmedReplicas"},
-            {"name": "Model", "type": "string", "jsonPath": ".spec.model.name"},
+            {"name": "Model", "type": "string", "jsonPath": ".status.servedModelName"},
             {"name": "GPUs", "type": "string", "jsonPath": ".status.tuning.gpusPerReplica"},
             {
                 "name": "Reason",
@@ -305,7 +305,7 @@ def gpu_node_crd() -> Schema:
         schema=_root_schema(GPUNode, spec_required=False),
         columns=[
             _ready_column(),
-            {"name": "GPUs", "type": "integer", "jsonPath": ".status.gpus[*].index"},
+            {"name": "GPUs", "type": "integer", "jsonPath": ".status.gpuCount"},
             {"name": "Product", "type": "string", "jsonPath": ".status.gpus[0].product"},
             {"name": "Interconnect", "type": "string", "jsonPath": ".status.interconnect"},
             {"name": "Power", "type": "string", "jsonPath": ".spec.power.policy"},
