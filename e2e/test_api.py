@@ -165,3 +165,24 @@ def test_defaults_are_filled_in_by_the_apiserver(crds: ClusterHandle, namespace:
     assert spec["gpu"]["count"] == "auto"
     assert spec["tuning"] == {"profile": "Balanced", "overrides": {}}
     assert spec["warmup"]["enabled"] is True
+
+
+GOLDEN_FILES = sorted((REPO / "tests" / "golden").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", GOLDEN_FILES, ids=[p.stem for p in GOLDEN_FILES])
+def test_the_rendered_children_pass_the_apiservers_own_validation(
+    crds: ClusterHandle, shared_namespace: str, path: Path
+) -> None:
+    """The pinned renderings (tests/render/test_golden.py), the podTemplate's affinity,
+    spread, RuntimeClass and pull secrets among them, as the apiserver validates them."""
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    for doc in docs:
+        doc["metadata"].pop("namespace", None)
+        doc["metadata"].pop("ownerReferences", None)  # the owner does not exist here
+    proc = crds.kubectl(
+        "apply", "--dry-run=server", "-n", shared_namespace, "-f", "-",
+        input=yaml.safe_dump_all(docs), check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("(server dry run)") == len(docs)

@@ -77,7 +77,39 @@ GOLDEN_CASES: dict[str, dict[str, Any]] = {
             "labels": {"team": "a"},
         },
     },
-}
+    # What a platform team sets: a RuntimeClass, pull secrets, its own affinity (the
+    # operator's GPU rules join each required node term) and a spread over zones.
+    "platform-pod-template": {
+        "gpu": {"count": 1, "products": ["NVIDIA-L40S"]},
+        "podTemplate": {
+            "runtimeClassName": "nvidia",
+            "imagePullSecrets": [{"name": "registry-creds"}],
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {"matchExpressions": [{"key": "pool", "operator": "In",
+                                                   "values": ["a"]}]},
+                            {"matchExpressions": [{"key": "pool", "operator": "In",
+                                                   "values": ["b"]}]},
+                        ]
+                    }
+                },
+                "podAntiAffinity": {
+                    "preferredDuringSchedulingIgnoredDuringExecution": [
+                        {"weight": 100, "podAffinityTerm": {
+                            "topologyKey": "kubernetes.io/hostname",
+                            "labelSelector": {"matchLabels": {
+                                "inference.vllm-operator.dev/inference-service": "chat"}}}}
+                    ]
+                },
+            },
+            "topologySpreadConstraints": [
+                {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone"}
+            ],
+        },
+    },
+}  # fmt: skip
 
 
 def node(name: str, product: str, count: int, memory_mib: int, interconnect: str) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from datetime import datetime
-from typing import Annotated, Literal, Protocol, Self
+from typing import Annotated, Any, Literal, Protocol, Self
 
 from pydantic import ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
@@ -19,6 +19,7 @@ from vllm_operator.models.base import (
     ApiModel,
     Condition,
     ConfigMapKeyReference,
+    LocalObjectReference,
     ObjectName,
     Quantity,
     SecretKeyReference,
@@ -492,6 +493,34 @@ class EnvVar(ApiModel):
     value_from: EnvVarSource | None = Field(default=None, description="Value from a source.")
 
 
+class Affinity(ApiModel):
+    """Scheduling affinity, in the shape of the pod's own (the apiserver validates the
+    inside when the Deployment is applied). The operator's node rules (GPU product,
+    interconnect) are added to every required node term."""
+
+    node_affinity: dict[str, Any] | None = Field(default=None, description="Node affinity.")
+    pod_affinity: dict[str, Any] | None = Field(default=None, description="Pod affinity.")
+    pod_anti_affinity: dict[str, Any] | None = Field(
+        default=None, description="Pod anti-affinity (for example one replica per node)."
+    )
+
+
+class TopologySpreadConstraint(ApiModel):
+    """How the replicas spread over a topology (zones, nodes)."""
+
+    max_skew: int = Field(ge=1, description="Largest difference in replicas between domains.")
+    topology_key: str = Field(
+        min_length=1, max_length=316, description="Node label of the domains (topology.kubernetes.io/zone)."
+    )
+    when_unsatisfiable: Literal["DoNotSchedule", "ScheduleAnyway"] = Field(
+        default="DoNotSchedule", description="DoNotSchedule or ScheduleAnyway."
+    )
+    label_selector: dict[str, Any] | None = Field(
+        default=None, description="Pods counted; default: this service's pods."
+    )
+    min_domains: int | None = Field(default=None, ge=1, description="Domains to count at least.")
+
+
 class PodTemplateOverlay(ApiModel):
     """A small, typed overlay on the pods the operator renders."""
 
@@ -514,6 +543,21 @@ class PodTemplateOverlay(ApiModel):
     )
     service_account_name: str | None = Field(
         default=None, max_length=253, description="ServiceAccount the pods run as."
+    )
+    runtime_class_name: ObjectName | None = Field(
+        default=None,
+        description="RuntimeClass of the pods (nvidia where it is not the node's default).",
+    )
+    image_pull_secrets: list[LocalObjectReference] = Field(
+        default_factory=list, max_length=16, description="Secrets to pull the image with."
+    )
+    affinity: Affinity | None = Field(
+        default=None,
+        description="Affinity; the operator's GPU-product and interconnect rules are added to "
+        "every required node term.",
+    )
+    topology_spread_constraints: list[TopologySpreadConstraint] = Field(
+        default_factory=list, max_length=8, description="Spread of the replicas."
     )
 
     @field_validator("env")

@@ -144,7 +144,7 @@ def _container_problem(pod: Manifest, status: dict[str, Any]) -> PodProblem | No
             "ImagePullFailed",
             f"{where}: the image {image} cannot be pulled ({why}: {said or 'no detail'}). "
             "Check spec.image and that the node can reach its registry "
-            "(spec.podTemplate.serviceAccountName for pull secrets).",
+            "(spec.podTemplate.imagePullSecrets for credentials).",
             why in _PULL_STALLED,
         )
     if why in _CONFIG:

@@ -9,6 +9,7 @@ streaming responses.
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Final
 
@@ -170,15 +171,35 @@ def _affinity(isvc: InferenceService, pod: PlannedPod) -> Manifest | None:
                 "values": [pod.interconnect.lower()],
             }
         )
-    if not expressions:
-        return None
-    return {
-        "nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [{"matchExpressions": expressions}]
+    given = isvc.spec.pod_template.affinity
+    affinity: Manifest = copy.deepcopy(given.to_wire()) if given is not None else {}
+    if expressions:
+        # Node terms are ORed: the operator's rules go into each of the user's terms, so
+        # every way of scheduling the pod still lands on a matching GPU node.
+        node = affinity.setdefault("nodeAffinity", {})
+        required = node.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+        terms = required.get("nodeSelectorTerms") or [{}]
+        required["nodeSelectorTerms"] = [
+            {
+                **term,
+                "matchExpressions": [
+                    *(term.get("matchExpressions") or []),
+                    *copy.deepcopy(expressions),
+                ],
             }
-        }
-    }
+            for term in terms
+        ]
+    return affinity or None
+
+
+def _spread(isvc: InferenceService) -> list[Manifest]:
+    """The topology spread constraints; one that names no pods counts this service's."""
+    spread = []
+    for constraint in isvc.spec.pod_template.topology_spread_constraints:
+        wire = constraint.to_wire()
+        wire.setdefault("labelSelector", {"matchLabels": selector_labels(isvc)})
+        spread.append(wire)
+    return spread
 
 
 def _probe(path: str, *, period: int, timeout: int, failures: int) -> Manifest:
@@ -273,6 +294,13 @@ def build_deployment(
         pod_spec["priorityClassName"] = overlay.priority_class_name
     if overlay.service_account_name:
         pod_spec["serviceAccountName"] = overlay.service_account_name
+    if overlay.runtime_class_name:
+        pod_spec["runtimeClassName"] = overlay.runtime_class_name
+    if overlay.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": s.name} for s in overlay.image_pull_secrets]
+    spread = _spread(isvc)
+    if spread:
+        pod_spec["topologySpreadConstraints"] = spread
     if isvc.spec.warmup.enabled:
         pod_spec["readinessGates"] = [{"conditionType": WARMED_UP_CONDITION}]
 
