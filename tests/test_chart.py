@@ -134,7 +134,7 @@ def test_an_older_kubernetes_is_refused() -> None:
 INVALID = [
     pytest.param({"operator.workers": "0"}, "/operator/workers", id="zero workers"),
     pytest.param({"operator.logFormat": "xml"}, "/operator/logFormat", id="an unknown log format"),
-    pytest.param({"securityContext.runAsUser": "0"}, "/securityContext/runAsUser", id="root"),
+    pytest.param({"podSecurityContext.runAsUser": "0"}, "/podSecurityContext/runAsUser", id="root"),
     pytest.param({"crds.instal": "true"}, "'instal' not allowed", id="a misspelt key"),
     pytest.param({"image.digest": "latest"}, "/image/digest", id="a digest that is not one"),
     pytest.param({"image.pullPolicy": "Sometimes"}, "/image/pullPolicy", id="a bad pull policy"),
@@ -381,6 +381,22 @@ def test_the_operator_pod_meets_the_restricted_pod_security_level() -> None:
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert "emptyDir" in volumes[mounts["/tmp"]]
+
+
+def test_openshift_leaves_the_uid_and_gid_to_the_namespace_range() -> None:
+    """restricted-v2 assigns them and refuses a pod that fixes its own; null removes a
+    default key in Helm."""
+    docs = render({"podSecurityContext.runAsUser": "null", "podSecurityContext.runAsGroup": "null"})
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"] == {
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert _container(docs)["securityContext"]["readOnlyRootFilesystem"] is True
+    # A whole object of one's own replaces nothing but what it names.
+    custom = render({"containerSecurityContext.runAsUser": "1000700000"})
+    assert _container(custom)["securityContext"]["runAsUser"] == 1000700000
+    assert _container(custom)["securityContext"]["capabilities"] == {"drop": ["ALL"]}
 
 
 def test_the_image_digest_wins_over_the_tag() -> None:
