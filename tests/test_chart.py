@@ -641,6 +641,13 @@ def test_kube_state_metrics_paths_exist_in_the_crds() -> None:
     )  # the check can fail
 
 
+def test_the_service_monitor_keeps_the_namespace_of_the_operators_series() -> None:
+    """Its series name the namespace of the object they are about (the dashboard's
+    per-namespace panels); the scrape's own namespace label must not replace it."""
+    (endpoint,) = one(render(FULL), "ServiceMonitor")["spec"]["endpoints"]
+    assert endpoint["honorLabels"] is True
+
+
 def test_the_pod_monitor_sets_the_label_the_dashboard_groups_by() -> None:
     monitor = one(render(FULL), "PodMonitor")
     relabel = monitor["spec"]["podMetricsEndpoints"][0]["relabelings"][0]
