@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from vllm_operator import __version__
 from vllm_operator.constants import DEFAULT_SERVING_IMAGE
 from vllm_operator.models.quantity import parse_quantity
 
@@ -74,7 +75,7 @@ class OperatorSettings(BaseSettings):
         "the tests run.",
     )
     warmup_image: str = Field(
-        default="vllm-operator:0.1.0",
+        default=f"vllm-operator:{__version__}",
         description="Image of the warmup Jobs: this operator's own image (it has the "
         "vllm-operator command).",
     )
