@@ -17,6 +17,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.operator_start import LOGGED_IN, as_uid_without_passwd, start_and_stop
 
@@ -113,8 +114,10 @@ def test_the_image_names_its_user_and_a_writable_home() -> None:
     env = _runtime_env()
     assert env.get("USER"), "no USER: Kopf's default identity calls getpass.getuser()"
     # HOME is where the chart mounts its emptyDir below the read-only root.
-    deployment = (REPO / "charts" / "vllm-operator" / "templates" / "deployment.yaml").read_text()
-    assert "readOnlyRootFilesystem: true" in deployment
+    chart = REPO / "charts" / "vllm-operator"
+    deployment = (chart / "templates" / "deployment.yaml").read_text()
+    values = yaml.safe_load((chart / "values.yaml").read_text())
+    assert values["containerSecurityContext"]["readOnlyRootFilesystem"] is True
     mounts = re.findall(r"- name: tmp\s+mountPath: (\S+)", deployment)
     assert mounts == [env.get("HOME")], f"HOME={env.get('HOME')}, emptyDir at {mounts}"
 
