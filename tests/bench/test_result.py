@@ -119,3 +119,25 @@ def test_console_reporter_counts_and_draws_only_when_asked() -> None:
     print_summary(result(level), console)
     text = out.getvalue()
     assert "client kept up" in text and "2 req/s" in text and "TTFT p99" in text
+
+
+@pytest.mark.parametrize("levels", [1, 3], ids=["one level", "three levels"])
+def test_the_summary_reads_whole_at_80_columns(levels: int) -> None:
+    """Below ~160 columns the table of every figure was cut to '3…': at 80 the figures a
+    reader compares are whole, with their units in the headers."""
+    import io
+
+    from rich.console import Console
+
+    from vllm_operator.bench.report import print_summary
+
+    out = io.StringIO()
+    console = Console(file=out, width=80, color_system=None)
+    runs = [outcome(Load(2.0 * (i + 1)), 0.25 + i) for i in range(levels)]
+    print_summary(result(*runs), console)
+    text = out.getvalue()
+    assert "…" not in text, text
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "ms" in text  # the unit is said
+    for i in range(levels):
+        assert f"{250 + 1000 * i:.4g}" in text.replace(",", ""), text  # each TTFT p99, whole

@@ -123,40 +123,63 @@ def _load_label(stats: LevelStats) -> str:
     return stats.process
 
 
-def summary_table(result: BenchmarkResult) -> Table:
-    """One row per level: latencies from the scheduled time, in milliseconds."""
-    table = Table(title=f"{result.model} at {result.endpoint}", title_justify="left")
-    for name in (
-        "load", "req", "ok", "fail", "req/s", "tok/s", "TTFT p50", "TTFT p99", "TPOT p50",
-        "TPOT p99", "ITL p99", "E2E p50", "E2E p99", "SLO", "lag p99", "client",
-    ):  # fmt: skip
+# Below this many columns the table of every figure would be cut (rich shortens cells to
+# "3…"): the narrow table keeps the figures a reader compares, units in the headers.
+WIDE_COLUMNS = 160
+
+
+def _figures(s: LevelStats) -> dict[str, str]:
+    """Every figure of one level, by column name (latencies in ms)."""
+    lat = s.from_scheduled
+    return {
+        "load": _load_label(s),
+        "req": str(s.requests),
+        "ok": str(s.completed),
+        "fail": str(s.failed),
+        "req/s": f"{s.requests_per_second:.3g}",
+        "tok/s": f"{s.output_tokens_per_second:.4g}",
+        "TTFT p50 ms": _ms(lat.ttft.p50 if lat.ttft else None),
+        "TTFT p99 ms": _ms(lat.ttft.p99 if lat.ttft else None),
+        "TPOT p50 ms": _ms(lat.tpot.p50 if lat.tpot else None),
+        "TPOT p99 ms": _ms(lat.tpot.p99 if lat.tpot else None),
+        "ITL p99 ms": _ms(lat.itl.p99 if lat.itl else None),
+        "E2E p50 ms": _ms(lat.e2e.p50 if lat.e2e else None),
+        "E2E p99 ms": _ms(lat.e2e.p99 if lat.e2e else None),
+        "SLO": "-" if s.slo_attainment is None else f"{s.slo_attainment:.1%}",
+        "lag p99 ms": _ms(s.schedule_lag.p99 if s.schedule_lag else None),
+        "client": "SATURATED" if s.client_saturated else "ok",
+    }
+
+
+_NARROW = ("load", "ok/req", "req/s", "TTFT p99 ms", "TPOT p99 ms", "E2E p99 ms", "SLO")
+
+
+def summary_table(result: BenchmarkResult, width: int = WIDE_COLUMNS) -> Table:
+    """The levels' figures, latencies from the scheduled time in milliseconds: one row per
+    level with every figure on a wide terminal; below ``WIDE_COLUMNS``, one level as a
+    figure-per-line table, several with the figures compared most (the rest are in
+    results.json, status.json and the HTML report)."""
+    title = f"{result.model} at {result.endpoint}"
+    rows = [_figures(lv.stats) for lv in result.levels]
+    if width < WIDE_COLUMNS and len(rows) == 1:
+        table = Table(title=title, title_justify="left", show_header=False)
+        table.add_column("figure")
+        table.add_column("value", justify="right")
+        for name, value in rows[0].items():
+            table.add_row(name, value)
+        return table
+    table = Table(title=title, title_justify="left")
+    names = list(rows[0]) if rows and width >= WIDE_COLUMNS else list(_NARROW)
+    for name in names:
         table.add_column(name, justify="left" if name in ("load", "client") else "right")
-    for lv in result.levels:
-        s = lv.stats
-        lat = s.from_scheduled
-        table.add_row(
-            _load_label(s),
-            str(s.requests),
-            str(s.completed),
-            str(s.failed),
-            f"{s.requests_per_second:.3g}",
-            f"{s.output_tokens_per_second:.4g}",
-            _ms(lat.ttft.p50 if lat.ttft else None),
-            _ms(lat.ttft.p99 if lat.ttft else None),
-            _ms(lat.tpot.p50 if lat.tpot else None),
-            _ms(lat.tpot.p99 if lat.tpot else None),
-            _ms(lat.itl.p99 if lat.itl else None),
-            _ms(lat.e2e.p50 if lat.e2e else None),
-            _ms(lat.e2e.p99 if lat.e2e else None),
-            "-" if s.slo_attainment is None else f"{s.slo_attainment:.1%}",
-            _ms(s.schedule_lag.p99 if s.schedule_lag else None),
-            "SATURATED" if s.client_saturated else "ok",
-        )
+    for row in rows:
+        row["ok/req"] = f"{row['ok']}/{row['req']}"
+        table.add_row(*(row[name] for name in names))
     return table
 
 
 def print_summary(result: BenchmarkResult, console: Console) -> None:
-    console.print(summary_table(result))
+    console.print(summary_table(result, console.width))
     knee = result.knee
     if knee is not None:
         console.print(f"Knee: {knee[0]:.4g} {knee[1]} (P99 TTFT climbs 3x faster beyond it)")
