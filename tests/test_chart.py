@@ -399,6 +399,16 @@ def test_openshift_leaves_the_uid_and_gid_to_the_namespace_range() -> None:
     assert _container(custom)["securityContext"]["capabilities"] == {"drop": ["ALL"]}
 
 
+def test_a_registry_goes_in_front_of_the_repository() -> None:
+    """cert-manager's split: the registry is a value of its own, empty by default."""
+    assert _container(render())["image"] == "vllm-operator:0.1.0"
+    docs = render({"image.registry": "registry.example.com:5000/ml/", "image.tag": "1.2"})
+    assert _container(docs)["image"] == "registry.example.com:5000/ml/vllm-operator:1.2"
+    proc = run_helm("template", "r", str(CHART), "--set", "image.registry=Not A Host",
+                    check=False)  # fmt: skip
+    assert proc.returncode != 0 and "/image/registry" in proc.stderr
+
+
 def test_the_image_digest_wins_over_the_tag() -> None:
     digest = "sha256:" + "ab" * 32
     docs = render({"image.digest": digest, "image.tag": "9.9"})

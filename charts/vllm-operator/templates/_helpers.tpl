@@ -35,11 +35,16 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 {{- end -}}
 
-{{/* The operator's image: repository@digest, else repository:tag (tag defaults to appVersion). */}}
+{{/* The operator's image: [registry/]repository@digest, else [registry/]repository:tag
+(tag defaults to appVersion). */}}
 {{- define "vllm-operator.image" -}}
+{{- $repository := .Values.image.repository -}}
+{{- with .Values.image.registry -}}
+{{- $repository = printf "%s/%s" (trimSuffix "/" .) $repository -}}
+{{- end -}}
 {{- if .Values.image.digest -}}
-{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- printf "%s@%s" $repository .Values.image.digest -}}
 {{- else -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- printf "%s:%s" $repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
 {{- end -}}
