@@ -574,6 +574,17 @@ def test_the_dashboard_has_grafanas_structure() -> None:
     assert used <= variables, f"undefined variables: {used - variables}"
 
 
+def test_every_panel_says_what_it_shows_and_the_dashboard_is_read_only() -> None:
+    """Provisioned dashboards come back on every sidecar sync: edits made in Grafana would
+    be lost, so it is not editable; each panel's description is its tooltip."""
+    dash = _dashboard()
+    assert dash["editable"] is False
+    missing = [p["title"] for p in dash["panels"] if not p.get("description", "").strip()]
+    assert not missing, f"panels without a description: {missing}"
+    titles = " | ".join(p["title"].lower() for p in dash["panels"])
+    assert "autoscal" in titles and "queue" in titles
+
+
 def test_the_dashboard_covers_what_issue_9_asks_for() -> None:
     titles = " | ".join(p["title"].lower() for p in _dashboard()["panels"])
     for words in (
