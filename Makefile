@@ -37,12 +37,16 @@ node-deps: ## Install the real node's Debian packages (podman, runc, CNI plugins
 node-binaries: binaries ## Build (or reuse) kubelet, kube-proxy, containerd, CoreDNS, crictl.
 	bash devenv/cluster/build-node.sh >/dev/null
 
+.PHONY: promtool
+promtool: ## Fetch (or reuse) Prometheus' promtool from Debian's package, for the alert rules' tests.
+	@bash scripts/promtool.sh >/dev/null
+
 .PHONY: images
 images: venv node-deps binaries vllm ## Build (or reuse) the images the real node runs (operator, CPU vLLM, pause).
 	$(PY) -m devenv.cluster.images build
 
 .PHONY: setup
-setup: venv binaries vllm node-deps node-binaries images ## Everything the tests need: venv, binaries, CPU vLLM, the real node and its images.
+setup: venv binaries vllm node-deps node-binaries images promtool ## Everything the tests need: venv, binaries, CPU vLLM, the real node and its images, promtool.
 
 # The timing tier asserts millisecond accuracy against the wall clock of this shared
 # 2-core machine, and a busy moment fails it now and then (2026-12-01: 1 of 3 full runs).
@@ -52,7 +56,7 @@ TIMING_ATTEMPTS ?= 3
 
 .PHONY: test
 test: setup ## Run every test: unit and real-vLLM tests, the cluster tier, then the timing tier.
-	$(BIN)/pytest tests e2e -m "not timing" $(PYTEST_ARGS)
+	PROMTOOL=$$(bash scripts/promtool.sh) $(BIN)/pytest tests e2e -m "not timing" $(PYTEST_ARGS)
 	@for i in $$(seq 1 $(TIMING_ATTEMPTS)); do \
 	  $(BIN)/pytest tests -m timing $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 0 ] || [ $$rc -eq 5 ]; then exit 0; fi; \
@@ -60,8 +64,8 @@ test: setup ## Run every test: unit and real-vLLM tests, the cluster tier, then 
 	done; exit 1
 
 .PHONY: test-unit
-test-unit: venv ## Run the unit tier only: no cluster, no real vLLM, no wall-clock assertion.
-	$(BIN)/pytest tests -m "not vllm and not timing" $(PYTEST_ARGS)
+test-unit: venv promtool ## Run the unit tier only: no cluster, no real vLLM, no wall-clock assertion.
+	PROMTOOL=$$(bash scripts/promtool.sh) $(BIN)/pytest tests -m "not vllm and not timing" $(PYTEST_ARGS)
 
 .PHONY: test-vllm
 test-vllm: venv vllm ## Run the tests/ that start a real CPU vLLM (marker vllm).

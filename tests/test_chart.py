@@ -40,6 +40,7 @@ FULL: dict[str, str] = {
     "dashboard.enabled": "true",
     "metrics.serviceMonitor.enabled": "true",
     "metrics.podMonitor.enabled": "true",
+    "alerts.enabled": "true",
     "kubeStateMetrics.customResourceState.enabled": "true",
     "operator.watchNamespaces": "{team-a,team-b}",
     "image.digest": "sha256:" + "ab" * 32,
@@ -115,6 +116,7 @@ def test_full_values_render_every_optional_part() -> None:
     assert {
         "ServiceMonitor",
         "PodMonitor",
+        "PrometheusRule",
         "DaemonSet",
         "Namespace",
         "ConfigMap",
