@@ -45,6 +45,10 @@ promtool: ## Fetch (or reuse) Prometheus' promtool from Debian's package, for th
 images: venv node-deps binaries vllm ## Build (or reuse) the images the real node runs (operator, CPU vLLM, pause).
 	$(PY) -m devenv.cluster.images build
 
+.PHONY: release
+release: venv binaries node-deps ## Build dist/: wheel, sdist, the packaged chart, the operator image as an OCI archive, SHA256SUMS.
+	$(PY) scripts/release.py
+
 .PHONY: setup
 setup: venv binaries vllm node-deps node-binaries images promtool ## Everything the tests need: venv, binaries, CPU vLLM, the real node and its images, promtool.
 
