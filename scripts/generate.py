@@ -9,7 +9,7 @@ docs/reference.md (from the CRDs), Argo CD's argocd-cm patch (from the Lua healt
 in deploy/argocd/health/), the node agent's manifests in deploy/agent/ (from
 agent/manifests.py), and the agent tests' NVML answer files (from
 tests/agent/answer_sets.py; the ones recorded on real GPUs, under h200/, are not
-generated).
+generated), and the chart's README (its values table, from values.yaml's comments).
 """
 
 from __future__ import annotations
@@ -58,6 +58,15 @@ def _argocd() -> dict[str, str]:
     return {"argocd-cm-patch.yaml": text}
 
 
+def _chart_readme() -> dict[str, str]:
+    spec = importlib.util.spec_from_file_location("chart_readme", REPO / "scripts/chart_readme.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    files: dict[str, str] = module.render()
+    return files
+
+
 # (folder, glob of what it holds that is generated, renderer of {file name: text}). A
 # folder whose glob is set owns every file it matches: one the renderer no longer makes
 # is stale too.
@@ -68,6 +77,7 @@ TARGETS: tuple[tuple[str, str | None, Callable[[], dict[str, str]]], ...] = (
     ("deploy/argocd", None, _argocd),
     ("deploy/agent", "*.yaml", _agent),
     ("tests/agent/fixtures", "*.yaml", _agent_fixtures),
+    ("charts/vllm-operator", None, _chart_readme),
 )
 
 
