@@ -107,6 +107,12 @@ GOLDEN_CASES: dict[str, dict[str, Any]] = {
             "topologySpreadConstraints": [
                 {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone"}
             ],
+            "volumes": [{"name": "certs", "secret": {"secretName": "ca-bundle"}}],
+            "volumeMounts": [{"name": "certs", "mountPath": "/etc/ssl/custom", "readOnly": True}],
+            "containerSecurityContext": {"allowPrivilegeEscalation": False,
+                                         "capabilities": {"drop": ["ALL"]}},
+            "resources": {"requests": {"ephemeral-storage": "20Gi"},
+                          "limits": {"ephemeral-storage": "40Gi"}},
         },
     },
 }  # fmt: skip

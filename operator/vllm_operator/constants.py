@@ -66,3 +66,14 @@ GPU_RESOURCE: Final = "nvidia.com/gpu"
 # itself never lowers replicas then either.
 LABEL_SCALE_DOWN_LOCK: Final = f"{GROUP}/scale-down-lock"
 LABEL_LOCK_TARGET: Final = f"{GROUP}/lock-target"
+
+# The vLLM container's own volumes and where they are mounted; spec.podTemplate's volumes
+# and mounts may not reuse them.
+MODEL_MOUNT: Final = "/models"
+CACHE_MOUNT: Final = "/cache"
+SHM_MOUNT: Final = "/dev/shm"
+OWN_VOLUMES: Final = ("shm", "cache", "model")
+OWN_MOUNTS: Final = (SHM_MOUNT, CACHE_MOUNT, MODEL_MOUNT)
+# Resources the operator sets from spec.node and spec.gpu (spec.podTemplate.resources
+# adds others, such as ephemeral-storage or an RDMA device).
+OWN_RESOURCES: Final = ("cpu", "memory", "nvidia.com/gpu")

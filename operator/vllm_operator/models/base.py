@@ -29,6 +29,13 @@ _SIZE_RULE = (
 SIZE_MESSAGE: Final = "must be a quantity of bytes more than 0 and below 8Ei (2^63 bytes)"
 
 
+def _parsed(text: str) -> str:
+    """``text`` when the quantity parser reads it (no sign, one decimal point, a unit it
+    knows); raises ValueError naming it otherwise."""
+    parse_quantity(text)
+    return text
+
+
 def check_size(text: str) -> str:
     """``text`` when it is a size Kubernetes can hold; raises ValueError saying why not."""
     try:
@@ -58,6 +65,22 @@ Quantity = Annotated[
     Field(pattern=QUANTITY_PATTERN),
     AfterValidator(check_size),
     _size_schema(_SIZE_RULE, QUANTITY_PATTERN),
+]
+# Any resource quantity (a count of devices, ephemeral storage), checked by its pattern and,
+# in the models, by the parser: no size rule (the CEL cost of one per map value is more
+# than a CRD may have).
+ResourceQuantity = Annotated[
+    str,
+    Field(pattern=QUANTITY_PATTERN, max_length=64),
+    AfterValidator(_parsed),
+    WithJsonSchema(
+        {
+            "x-kubernetes-int-or-string": True,
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "pattern": QUANTITY_PATTERN,
+            "maxLength": 64,
+        }
+    ),
 ]
 # A size or "auto".
 SHM_PATTERN = r"^(auto|([0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*))$"

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal, Protocol, Self
 
 from pydantic import ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
+from vllm_operator.constants import OWN_MOUNTS, OWN_RESOURCES, OWN_VOLUMES
 from vllm_operator.models.base import (
     DNS_LABEL_PATTERN,
     ApiModel,
@@ -22,6 +23,7 @@ from vllm_operator.models.base import (
     LocalObjectReference,
     ObjectName,
     Quantity,
+    ResourceQuantity,
     SecretKeyReference,
     SizeOrAuto,
     cel_rules,
@@ -510,7 +512,9 @@ class TopologySpreadConstraint(ApiModel):
 
     max_skew: int = Field(ge=1, description="Largest difference in replicas between domains.")
     topology_key: str = Field(
-        min_length=1, max_length=316, description="Node label of the domains (topology.kubernetes.io/zone)."
+        min_length=1,
+        max_length=316,
+        description="Node label of the domains (topology.kubernetes.io/zone).",
     )
     when_unsatisfiable: Literal["DoNotSchedule", "ScheduleAnyway"] = Field(
         default="DoNotSchedule", description="DoNotSchedule or ScheduleAnyway."
@@ -519,6 +523,36 @@ class TopologySpreadConstraint(ApiModel):
         default=None, description="Pods counted; default: this service's pods."
     )
     min_domains: int | None = Field(default=None, ge=1, description="Domains to count at least.")
+
+
+class VolumeMount(ApiModel):
+    """Where the vLLM container mounts one of spec.podTemplate.volumes."""
+
+    name: str = Field(min_length=1, max_length=63, description="The volume's name.")
+    mount_path: str = Field(min_length=1, max_length=4096, pattern=r"^/", description="Path.")
+    read_only: bool = Field(default=False, description="Mount read-only.")
+    sub_path: str | None = Field(default=None, max_length=4096, description="A path inside it.")
+
+
+class ExtraResources(ApiModel):
+    """Resources beyond the ones the operator plans (ephemeral-storage, an RDMA device)."""
+
+    requests: dict[str, ResourceQuantity] = Field(
+        default_factory=dict, max_length=16, description="Requests."
+    )
+    limits: dict[str, ResourceQuantity] = Field(
+        default_factory=dict, max_length=16, description="Limits."
+    )
+
+    @model_validator(mode="after")
+    def _not_the_planned_ones(self) -> Self:
+        planned = sorted(set(OWN_RESOURCES) & (set(self.requests) | set(self.limits)))
+        if planned:
+            raise ValueError(
+                f"{', '.join(planned)} come from spec.node.cpus, spec.node.memory and "
+                "spec.gpu.count, not from spec.podTemplate.resources"
+            )
+        return self
 
 
 class PodTemplateOverlay(ApiModel):
@@ -559,6 +593,110 @@ class PodTemplateOverlay(ApiModel):
     topology_spread_constraints: list[TopologySpreadConstraint] = Field(
         default_factory=list, max_length=8, description="Spread of the replicas."
     )
+    volumes: list[
+        Annotated[
+            dict[str, Any],
+            WithJsonSchema(
+                {
+                    "type": "object",
+                    "required": ["name"],
+                    "properties": {
+                        "name": {
+                            "type": "string",
+                            "minLength": 1,
+                            "maxLength": 63,
+                            "description": "The volume's name, for volumeMounts.",
+                        }
+                    },
+                    "x-kubernetes-preserve-unknown-fields": True,
+                }
+            ),
+        ]
+    ] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Extra pod volumes, as the pod takes them (the apiserver validates the "
+        "source when the Deployment is applied); not named shm, cache or model.",
+    )
+    volume_mounts: list[VolumeMount] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Mounts of those volumes in the vLLM container; not at /dev/shm, /cache or "
+        "/models.",
+    )
+    container_security_context: dict[str, Any] | None = Field(
+        default=None,
+        description="The vLLM container's securityContext, as Kubernetes takes it (none is "
+        "set otherwise).",
+    )
+    resources: ExtraResources = Field(
+        default_factory=ExtraResources,
+        description="Requests and limits added to the planned ones; cpu, memory and "
+        "nvidia.com/gpu come from spec.node and spec.gpu.",
+    )
+
+    model_config = cel_rules(
+        {
+            "rule": "!has(self.volumes) || self.volumes.all(v, !(v.name in "
+            + str(list(OWN_VOLUMES)).replace('"', "'")
+            + ")) && self.volumes.all(v, self.volumes.exists_one(w, w.name == v.name))",
+            "message": "volume names must be unique and not the operator's own (shm, cache, model)",
+            "fieldPath": ".volumes",
+        },
+        {
+            "rule": "!has(self.volumeMounts) || self.volumeMounts.all(m, has(self.volumes) "
+            "&& self.volumes.exists(v, v.name == m.name))",
+            "message": "each of volumeMounts names one of spec.podTemplate.volumes",
+            "fieldPath": ".volumeMounts",
+        },
+        {
+            "rule": "!has(self.volumeMounts) || self.volumeMounts.all(m, "
+            + " && ".join(
+                f"m.mountPath != '{own}' && !m.mountPath.startsWith('{own}/')" for own in OWN_MOUNTS
+            )
+            + ")",
+            "message": "volumeMounts may not be at or under /dev/shm, /cache or /models",
+            "fieldPath": ".volumeMounts",
+        },
+        {
+            "rule": "!has(self.resources) || ["
+            + ", ".join(f"'{r}'" for r in OWN_RESOURCES)
+            + "].all(r, !(has(self.resources.requests) && r in self.resources.requests) "
+            "&& !(has(self.resources.limits) && r in self.resources.limits))",
+            "message": "cpu, memory and nvidia.com/gpu come from spec.node and spec.gpu, not "
+            "spec.podTemplate.resources",
+            "fieldPath": ".resources",
+        },
+    )
+
+    @field_validator("volumes")
+    @classmethod
+    def _volumes_named_and_not_ours(cls, volumes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        names = [v.get("name") for v in volumes]
+        if not all(isinstance(n, str) and n for n in names):
+            raise ValueError("every volume needs a name")
+        taken = sorted({str(n) for n in names} & set(OWN_VOLUMES))
+        if taken:
+            raise ValueError(f"volume names {', '.join(taken)} are the operator's own")
+        if len(set(names)) != len(names):
+            raise ValueError("volume names must be unique")
+        return volumes
+
+    @model_validator(mode="after")
+    def _mounts_of_given_volumes_not_on_ours(self) -> Self:
+        names = {v.get("name") for v in self.volumes}
+        for mount in self.volume_mounts:
+            if mount.name not in names:
+                raise ValueError(
+                    f"volumeMounts: {mount.name} is not one of spec.podTemplate.volumes"
+                )
+            path = mount.mount_path.rstrip("/") or "/"
+            if any(path == own or path.startswith(own + "/") for own in OWN_MOUNTS):
+                raise ValueError(
+                    f"volumeMounts: {mount.mount_path} is under the operator's own mounts "
+                    f"({', '.join(OWN_MOUNTS)})"
+                )
+        return self
 
     @field_validator("env")
     @classmethod

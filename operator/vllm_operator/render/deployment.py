@@ -14,9 +14,12 @@ import math
 from typing import Final
 
 from vllm_operator.constants import (
+    CACHE_MOUNT,
     GPU_RESOURCE,
+    MODEL_MOUNT,
     NODE_LABEL_GPU_INTERCONNECT,
     NODE_LABEL_GPU_PRODUCT,
+    SHM_MOUNT,
     WARMED_UP_CONDITION,
 )
 from vllm_operator.models import InferenceService
@@ -35,8 +38,6 @@ from vllm_operator.render.meta import (
 )
 
 CONTAINER: Final = "vllm"
-MODEL_MOUNT: Final = "/models"
-CACHE_MOUNT: Final = "/cache"
 DEFAULT_SHM: Final = "2Gi"
 DEFAULT_CPUS: Final = 4
 DEFAULT_MEMORY: Final = "16Gi"
@@ -138,6 +139,17 @@ def _env(
     )
 
 
+def _with_extra_resources(resources: Manifest, isvc: InferenceService) -> Manifest:
+    """The planned requests and limits, with spec.podTemplate.resources' others added (the
+    models refuse cpu, memory and GPUs there: those come from spec.node and spec.gpu)."""
+    extra = isvc.spec.pod_template.resources
+    for part in ("requests", "limits"):
+        given = getattr(extra, part)
+        if given:
+            resources[part] = {**resources.get(part, {}), **given}
+    return resources
+
+
 def _resources(pod: PlannedPod, gpus: int, cpus: int) -> Manifest:
     memory = to_bytes(pod.memory or DEFAULT_MEMORY)
     shm = to_bytes(pod.shm_size or DEFAULT_SHM)
@@ -218,7 +230,7 @@ def _volumes(isvc: InferenceService, pod: PlannedPod) -> tuple[list[Manifest], l
         {"name": "cache", "emptyDir": {}},
     ]
     mounts: list[Manifest] = [
-        {"name": "shm", "mountPath": "/dev/shm"},
+        {"name": "shm", "mountPath": SHM_MOUNT},
         {"name": "cache", "mountPath": CACHE_MOUNT},
     ]
     pvc = isvc.spec.model.source.pvc
@@ -230,6 +242,9 @@ def _volumes(isvc: InferenceService, pod: PlannedPod) -> tuple[list[Manifest], l
             }
         )
         mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
+    overlay = isvc.spec.pod_template
+    volumes += [dict(v) for v in overlay.volumes]
+    mounts += [m.to_wire() for m in overlay.volume_mounts]
     return volumes, mounts
 
 
@@ -259,7 +274,7 @@ def build_deployment(
         "args": [*vllm_args(isvc, tuning), *_drain_flags(tuning)],
         "ports": [{"name": SERVER_PORT_NAME, "containerPort": SERVER_PORT, "protocol": "TCP"}],
         "env": _env(isvc, tuning, pod, cpus),
-        "resources": _resources(pod, gpus, cpus),
+        "resources": _with_extra_resources(_resources(pod, gpus, cpus), isvc),
         "volumeMounts": mounts,
         "startupProbe": _probe(
             "/health",
@@ -272,6 +287,8 @@ def build_deployment(
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_DELAY_SECONDS)]}}},
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
+    if overlay.container_security_context:
+        container["securityContext"] = dict(overlay.container_security_context)
 
     tolerations = [t.to_wire() for t in overlay.tolerations]
     if gpus and not any(t.get("key") == GPU_RESOURCE for t in tolerations):
