@@ -19,6 +19,7 @@ import importlib.util
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -49,21 +50,22 @@ def _agent_fixtures() -> dict[str, str]:
     return render()
 
 
-def _argocd() -> dict[str, str]:
-    spec = importlib.util.spec_from_file_location("render_cm", REPO / "deploy/argocd/render_cm.py")
+def _script(path: str) -> Any:
+    """A renderer that lives beside what it renders, outside the package, loaded by path."""
+    spec = importlib.util.spec_from_file_location(Path(path).stem, REPO / path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    text: str = module.render()
+    return module
+
+
+def _argocd() -> dict[str, str]:
+    text: str = _script("deploy/argocd/render_cm.py").render()
     return {"argocd-cm-patch.yaml": text}
 
 
 def _chart_readme() -> dict[str, str]:
-    spec = importlib.util.spec_from_file_location("chart_readme", REPO / "scripts/chart_readme.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    files: dict[str, str] = module.render()
+    files: dict[str, str] = _script("scripts/chart_readme.py").render()
     return files
 
 
