@@ -53,14 +53,19 @@ class RecordingCluster:
     ) -> list[Manifest]:
         self.calls.append(("list", kind, namespace or ""))
         self._maybe_fail("list", kind)
-        wanted = dict(s.split("=", 1) for s in label_selector.split(",")) if label_selector else {}
+        # Equality terms (a=b) and existence terms (a), as the reconciles send them.
+        terms = [t.partition("=") for t in label_selector.split(",")] if label_selector else []
         return [
             copy.deepcopy(o)
             for (av, k, ns, _), o in self.objects.items()
             if av == api_version
             and k == kind
             and (namespace is None or ns == namespace)
-            and all(o["metadata"].get("labels", {}).get(a) == b for a, b in wanted.items())
+            and all(
+                (a in labels if not sep else labels.get(a) == b)
+                for a, sep, b in terms
+                for labels in [o["metadata"].get("labels") or {}]
+            )
         ]
 
     async def apply(

@@ -25,6 +25,7 @@ from vllm_operator.constants import (
 from vllm_operator.k8s.api import ApiError
 from vllm_operator.models.base import Manifest
 from vllm_operator.reconcile.inference_service import Outcome
+from vllm_operator.runtime.cache import CachedAPI
 from vllm_operator.runtime.dispatch import BENCH, ISVC, PENDING_BENCHMARK_SECONDS, SCALE, Runtime
 from vllm_operator.settings import OperatorSettings
 
@@ -44,13 +45,13 @@ class Calls:
         self.fail: ApiError | None = None
         self.phase = "Running"
         self.again: float | None = 2.0
-        self.owners: Any = None
+        self.api: Any = None
 
     async def service(
-        self, api: Any, body: Manifest, *, settings: Any, view: Any = None, owners: Any = None
+        self, api: Any, body: Manifest, *, settings: Any, view: Any = None, applied: Any = None
     ) -> Outcome:
         self.made.append(("service", body["metadata"]["name"]))
-        self.owners = owners
+        self.api = api
         if self.fail:
             raise self.fail
         return Outcome(ready=True, stalled=False)
@@ -245,25 +246,49 @@ async def test_service_reconciles_read_nodes_from_the_cache_once_it_is_filled(
     assert [n["metadata"]["name"] for n in seen[-1].nodes] == ["gpu-2"]  # type: ignore[attr-defined]
 
 
-async def test_the_labelled_watch_tells_the_reconcile_who_controls_each_child(
+async def test_the_labelled_watches_fill_the_store_the_service_reconcile_reads(
     runtime: Runtime, calls: Calls
 ) -> None:
-    """A converged pass then need not read its children to know they are its own."""
     child = {
-        "kind": "Service",
+        "apiVersion": "v1", "kind": "Service",
         "metadata": {
             "name": "chat", "namespace": "team", "labels": {LABEL_SERVICE: "chat"},
             "ownerReferences": [{"controller": True, "uid": "u-1"}],
         },
     }  # fmt: skip
-    runtime.on_labelled(child, "ADDED")
+    runtime.on_labelled(child, "ADDED", "Service")
     _cluster(runtime).put(_obj(KIND_INFERENCE_SERVICE))
     await runtime.work((ISVC, "team", "chat"))
-    assert calls.owners == {("Service", "team", "chat"): "u-1"}
-    runtime.on_labelled(child, "DELETED")
-    assert runtime.children.owners == {}
-    runtime.on_labelled({**child, "kind": "Pod"}, "ADDED")
-    assert runtime.children.owners == {}, "only the children named after the service"
+    assert isinstance(calls.api, CachedAPI) and calls.api.store is runtime.store
+    assert runtime.store.get("Service", "team", "chat") == child
+    runtime.on_labelled(child, "DELETED", "Service")
+    assert runtime.store.get("Service", "team", "chat") is None
+
+
+async def test_a_converged_service_costs_one_request_per_pass() -> None:
+    """The resync's pass of a converged service, with the watches' store filled: the GET
+    of the service itself, and nothing else (issue 15, item 6: at most 3)."""
+    from tests.reconcile.test_inference_service import _node
+    from tests.specs import BASE
+
+    api = RecordingCluster()
+    api.put(_node("gpu-a", 2))
+    api.put(BASE)
+    runtime = Runtime(
+        settings=OperatorSettings(default_image="registry.local/vllm:test"),
+        api=api,
+        http=httpx.AsyncClient(),
+    )
+    await runtime.refresh_nodes()
+    await runtime.refresh_store()
+    key = (ISVC, "team-a", "chat")
+    await runtime.work(key)
+    for obj in list(api.objects.values()):  # the watch events of what the pass applied
+        runtime.on_labelled(obj, "ADDED")
+    api.calls.clear()
+    await runtime.work(key)
+    assert api.calls == [("get", KIND_INFERENCE_SERVICE, "chat")]
+    await runtime.http.aclose()
 
 
 def test_a_benchmark_event_reconciles_the_benchmark_and_its_target(runtime: Runtime) -> None:

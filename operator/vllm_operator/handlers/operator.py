@@ -3,8 +3,9 @@ them into keys on its work queue; nothing else happens here.
 
 Every InferenceService event that changes more than the autoscaler's own status, every
 event of an object carrying the inference-service label (Deployment, Service,
-PodDisruptionBudget, Pod), warmup and benchmark Jobs, and a periodic resync add the owning
-object's key; the queue runs the one reconcile for it.
+PodDisruptionBudget, HorizontalPodAutoscaler, Pod), warmup, benchmark and lock Jobs, and a
+periodic resync add the owning object's key; the queue runs the one reconcile for it. The
+same events keep the runtime's caches current.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from vllm_operator.constants import (
     API_VERSION,
     GROUP,
     LABEL_BENCHMARK,
+    LABEL_LOCK_TARGET,
     LABEL_SERVICE,
     LABEL_WARMUP_FOR,
     PLURAL_GPU_NODE,
@@ -153,15 +155,23 @@ async def inference_service_event(type: str | None, body: kopf.Body, memo: Any, 
     _runtime(memo).on_inference_service(type, dict(body))
 
 
-# The children, their pods, warmup Jobs and benchmark load Jobs name their owner by label.
+# The children, their pods, warmup Jobs, benchmark load Jobs and anyone's lock Jobs name
+# their owner by label; the runtime's store keeps them (runtime/cache.py: WATCHED lists
+# these same watches, and the store answers only what they show).
 @kopf.on.event("apps", "v1", "deployments", labels={LABEL_SERVICE: kopf.PRESENT})
 @kopf.on.event("", "v1", "services", labels={LABEL_SERVICE: kopf.PRESENT})
 @kopf.on.event("policy", "v1", "poddisruptionbudgets", labels={LABEL_SERVICE: kopf.PRESENT})
+@kopf.on.event(
+    "autoscaling", "v2", "horizontalpodautoscalers", labels={LABEL_SERVICE: kopf.PRESENT}
+)
 @kopf.on.event("", "v1", "pods", labels={LABEL_SERVICE: kopf.PRESENT})
 @kopf.on.event("batch", "v1", "jobs", labels={LABEL_WARMUP_FOR: kopf.PRESENT}, id="warmup-job")
 @kopf.on.event("batch", "v1", "jobs", labels={LABEL_BENCHMARK: kopf.PRESENT}, id="load-job")
-async def labelled_event(type: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
-    _runtime(memo).on_labelled(dict(body), type)
+@kopf.on.event("batch", "v1", "jobs", labels={LABEL_LOCK_TARGET: kopf.PRESENT}, id="lock-job")
+async def labelled_event(
+    type: str | None, body: kopf.Body, resource: kopf.Resource, memo: Any, **_: Any
+) -> None:
+    _runtime(memo).on_labelled(dict(body), type, resource.kind)
 
 
 @kopf.on.event("", "v1", "nodes")
@@ -176,10 +186,10 @@ async def gpu_node_event(type: str | None, body: kopf.Body, memo: Any, **_: Any)
 
 @kopf.on.event(GROUP, VERSION, PLURAL_INFERENCE_BENCHMARK)
 async def inference_benchmark_event(
-    name: str, namespace: str | None, body: kopf.Body, memo: Any, **_: Any
+    type: str | None, name: str, namespace: str | None, body: kopf.Body, memo: Any, **_: Any
 ) -> None:
     target = ((body.get("spec") or {}).get("targetRef") or {}).get("name")
-    _runtime(memo).on_inference_benchmark(namespace, name, target)
+    _runtime(memo).on_inference_benchmark(namespace, name, target, event=type, body=dict(body))
 
 
 def operator_identity() -> Identity:

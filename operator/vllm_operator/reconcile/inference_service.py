@@ -1,21 +1,25 @@
 """The one reconcile of an InferenceService: level-based, the same on create, update,
 resume, drift and resync. One pass has three phases, each a section below:
 
-- **gather**: every read, into one immutable :class:`Snapshot`. Nodes and GPUNodes come
-  from the runtime's watch-fed caches; the rest is read once, the independent reads at
-  the same time;
+- **gather**: every read, into one immutable :class:`Snapshot`, the independent reads at
+  the same time. Nodes and GPUNodes come from the runtime's watch-fed caches, and the
+  ``api`` the runtime passes serves the rest from its watches too (runtime/cache.py);
+  only the Secret and the PVC a spec names, and objects outside the watches, are read;
 - **decide**: pure functions of the snapshot: the plan, the problems, the replicas a
   benchmark's lock allows, the children to apply, the HPA to remove, the warmups' writes,
   the last benchmark;
-- **apply**: server-side apply of what we own, then the whole status computed from what
-  was read and applied, written only if it changed; events only on transitions.
+- **apply**: server-side apply of what we own (not of a child that is as our last apply
+  left it, when nothing we render of it changed), then the whole status computed from
+  what was read and applied, written only if it changed; events only on transitions.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -88,9 +92,11 @@ async def list_nodes(api: ClusterAPI) -> NodeView:
     return NodeView(await api.list("v1", "Node"), await api.list(API_VERSION, KIND_GPU_NODE))
 
 
-# The children named after the service: (kind, apiVersion, name).
+# The children named after the service.
 ChildKey = tuple[str, str, str]  # (kind, namespace, name)
-OwnerMap = Mapping[ChildKey, "str | None"]
+# Of each child: the digest of what this operator last applied, and of the child as that
+# apply left it (content_digest). A pass skips the apply when both still hold.
+AppliedMemo = MutableMapping[ChildKey, tuple[str, str]]
 CHILD_KINDS: Final = ("Deployment", "Service", "PodDisruptionBudget")
 _CHILD_API: Final = {"Deployment": "apps/v1", "Service": "v1", "PodDisruptionBudget": "policy/v1"}
 
@@ -122,15 +128,19 @@ class Snapshot:
     # The namespace's InferenceBenchmarks (the last finished one of this service goes
     # into its status).
     benchmarks: list[Manifest]
-    # Read only when a benchmark holds the lock (its replicas are the floor then) or when
-    # the Deployment's owner is not known.
-    live_deployment: Manifest | None
+    # The children of the service's names that it controls, as they stand, by kind (the
+    # HPA among them when it is its own; a foreign child is in ``foreign`` instead).
+    live: Mapping[str, Manifest] = field(default_factory=dict)
     # The reports of the finished warmup Jobs whose outcome is not on their pod yet.
     warmup_reports: dict[str, dict[str, Any]] = field(default_factory=dict)
     # Children of the service's names that exist and that it does not control: someone
     # else's, never applied over (a Service of that name would be re-pointed at the vLLM
     # pods and, owned by the service, deleted with it).
     foreign: frozenset[str] = frozenset()
+
+    @property
+    def live_deployment(self) -> Manifest | None:
+        return self.live.get("Deployment")
 
 
 async def _get(
@@ -139,30 +149,29 @@ async def _get(
     return await api.get(api_version, kind, name, ns) if name is not None else None
 
 
-async def gather(
-    api: ClusterAPI,
-    isvc: InferenceService,
-    view: NodeView | None,
-    owners: OwnerMap | None = None,
-) -> Snapshot:
+async def gather(api: ClusterAPI, isvc: InferenceService, view: NodeView | None) -> Snapshot:
     """Every read of a pass. The independent reads go out together (objects, then
-    lists); the two that depend on them (the live Deployment under a lock, the reports
-    of finished warmups) follow."""
+    lists); the reports of finished warmups, which depend on them, follow. The runtime
+    passes an ``api`` that serves most of these from its watches (runtime/cache.py)."""
     ns = isvc.metadata.namespace
     source = isvc.spec.model.source
     hf = source.hugging_face
     ref = hf.token_secret_ref if hf is not None else None
-    nodes, token_secret, claim, hpa = await asyncio.gather(
-        _view(api, view),
-        _get(api, "v1", "Secret", ref.name if ref is not None else None, ns),
-        _get(
-            api,
-            "v1",
-            "PersistentVolumeClaim",
-            source.pvc.claim_name if source.pvc is not None else None,
-            ns,
+    names = _child_names(isvc)
+    (nodes, token_secret, claim, hpa), children = await asyncio.gather(
+        asyncio.gather(
+            _view(api, view),
+            _get(api, "v1", "Secret", ref.name if ref is not None else None, ns),
+            _get(
+                api,
+                "v1",
+                "PersistentVolumeClaim",
+                source.pvc.claim_name if source.pvc is not None else None,
+                ns,
+            ),
+            _read_hpa(api, isvc),
         ),
-        _get(api, "autoscaling/v2", "HorizontalPodAutoscaler", hpa_name(isvc), ns),
+        asyncio.gather(*(api.get(_CHILD_API[kind], kind, names[kind], ns) for kind in CHILD_KINDS)),
     )
     lock_jobs, warmup_jobs, pods, benchmarks = await asyncio.gather(
         list_lock_jobs(api, isvc),
@@ -170,24 +179,9 @@ async def gather(
         api.list("v1", "Pod", ns, label_selector=selector_string(isvc)),
         list_benchmarks(api, isvc),
     )
-    # A child whose controller the watches have shown to be this service is not read;
-    # any other is (it may be a user's object of the same name).
-    names = _child_names(isvc)
-    unknown = [
-        kind
-        for kind in CHILD_KINDS
-        if owners is None or owners.get((kind, ns or "", names[kind]), "?") != isvc.metadata.uid
-    ]
-    if lock_holder(lock_jobs) is not None and "Deployment" not in unknown:
-        unknown.append("Deployment")
-    read = await asyncio.gather(
-        *(api.get(_CHILD_API[kind], kind, names[kind], ns) for kind in unknown)
-    )
-    found = dict(zip(unknown, read, strict=True))
-    foreign = frozenset(
-        kind for kind, obj in found.items() if obj is not None and not _controlled_by(obj, isvc)
-    )
-    live = found.get("Deployment")
+    found = {kind: obj for kind, obj in zip(CHILD_KINDS, children, strict=True) if obj}
+    # Children of the service's names that it does not control: someone else's.
+    foreign = frozenset(kind for kind, obj in found.items() if not _controlled_by(obj, isvc))
     reports = await read_reports(api, isvc, pods, warmup_jobs) if isvc.spec.warmup.enabled else {}
     return Snapshot(
         view=nodes,
@@ -198,10 +192,32 @@ async def gather(
         warmup_jobs=warmup_jobs,
         pods=pods,
         benchmarks=benchmarks,
-        live_deployment=live,
+        live={
+            **{kind: obj for kind, obj in found.items() if kind not in foreign},
+            **({"HorizontalPodAutoscaler": hpa} if hpa and _controlled_by(hpa, isvc) else {}),
+        },
         warmup_reports=reports,
         foreign=foreign,
     )
+
+
+async def _read_hpa(api: ClusterAPI, isvc: InferenceService) -> Manifest | None:
+    """The HPA of the service's name. Ours carry the service's label, so a LIST by it
+    finds ours (the runtime's watches answer it); only in HPA mode does one without the
+    label matter, which is someone else's and never taken over, so only then is it
+    read by name."""
+    ns = isvc.metadata.namespace
+    name = hpa_name(isvc)
+    labelled = await api.list(
+        "autoscaling/v2", "HorizontalPodAutoscaler", ns, label_selector=selector_string(isvc)
+    )
+    for hpa in labelled:
+        if hpa["metadata"]["name"] == name:
+            return hpa
+    auto = isvc.spec.autoscaling
+    if auto.enabled and auto.mode == "HPA":
+        return await api.get("autoscaling/v2", "HorizontalPodAutoscaler", name, ns)
+    return None
 
 
 async def _view(api: ClusterAPI, view: NodeView | None) -> NodeView:
@@ -329,7 +345,6 @@ class Decision:
     # When no Deployment is applied: the one read in the gather, if any, for the status;
     # a foreign one is not this service's and counts as none.
     live_deployment: Manifest | None = None
-    foreign_deployment: bool = False
 
 
 def decide(
@@ -384,42 +399,76 @@ def decide(
         delete_hpa=delete_hpa,
         warmup=warmup,
         last_benchmark=latest_benchmark(isvc, snap.benchmarks),
-        live_deployment=None if "Deployment" in snap.foreign else snap.live_deployment,
-        foreign_deployment="Deployment" in snap.foreign,
+        live_deployment=snap.live_deployment,
     )
 
 
 # --- apply ----------------------------------------------------------------------------------
 
 
+def content_digest(obj: Manifest) -> str:
+    """A digest of what server-side apply sets of a child: its labels, annotations, owner
+    references and spec (not its status, nor the fields every write changes)."""
+    meta = obj.get("metadata") or {}
+    content = {
+        "labels": meta.get("labels") or {},
+        "annotations": meta.get("annotations") or {},
+        "ownerReferences": meta.get("ownerReferences") or [],
+        "spec": obj.get("spec"),
+    }
+    text = json.dumps(content, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 async def _apply_children(
-    api: ClusterAPI, isvc: InferenceService, decision: Decision
+    api: ClusterAPI,
+    isvc: InferenceService,
+    decision: Decision,
+    live: Mapping[str, Manifest],
+    applied: AppliedMemo | None,
 ) -> tuple[Manifest | None, list[Problem]]:
-    """Apply the children; the Deployment as it stands after that (the apply's answer,
-    or read when this pass applies none), and what the apiserver refused."""
-    deployment: Manifest | None = None
+    """Apply the children; the Deployment as it stands after that, and what the
+    apiserver refused.
+
+    With ``applied`` (the runtime's memo) a child is not applied again while what we
+    render of it is what we last applied and the child is as that apply left it: such an
+    apply changes nothing. An edit by hand or by another controller changes the child,
+    whose watch event brings a pass that applies it again."""
+    deployment: Manifest | None = decision.live_deployment
     rejected: list[Problem] = []
+    ns = isvc.metadata.namespace or ""
     for child in decision.children:
+        kind = child["kind"]
+        key = (kind, ns, child["metadata"]["name"])
+        rendered = content_digest(child)
+        current = live.get(kind)
+        if (
+            applied is not None
+            and current is not None
+            and applied.get(key) == (rendered, content_digest(current))
+        ):
+            continue
         try:
-            applied = await api.apply(child)
+            result = await api.apply(child)
         except ApiError as err:
+            if applied is not None:
+                applied.pop(key, None)
             if err.transient:
                 raise
             # The apiserver refused what we rendered (a value the CRD let through but the
             # child's own validation does not): a spec problem, not something to retry.
-            rejected.append(
-                Problem("ChildRejected", f"The apiserver rejected the {child['kind']}: {err}")
-            )
+            rejected.append(Problem("ChildRejected", f"The apiserver rejected the {kind}: {err}"))
+            if kind == "Deployment":
+                deployment = None
             continue
-        if child["kind"] == "Deployment":
-            deployment = applied
-    ns = isvc.metadata.namespace
+        if applied is not None:
+            applied[key] = (rendered, content_digest(result))
+        if kind == "Deployment":
+            deployment = result
     if decision.delete_hpa:
         await api.delete("autoscaling/v2", "HorizontalPodAutoscaler", hpa_name(isvc), ns)
-    if deployment is None and not any(c["kind"] == "Deployment" for c in decision.children):
-        deployment = decision.live_deployment
-        if deployment is None and not decision.foreign_deployment:
-            deployment = await api.get("apps/v1", "Deployment", deployment_name(isvc), ns)
+        if applied is not None:
+            applied.pop(("HorizontalPodAutoscaler", ns, hpa_name(isvc)), None)
     return deployment, rejected
 
 
@@ -504,12 +553,13 @@ async def reconcile_inference_service(
     settings: OperatorSettings,
     now: datetime | None = None,
     view: NodeView | None = None,
-    owners: OwnerMap | None = None,
+    applied: AppliedMemo | None = None,
 ) -> Outcome:
     """Bring one InferenceService's children and status to what its spec asks for.
 
-    ``view``: the runtime's Nodes and GPUNodes; ``owners``: the controller of each child
-    its watches have shown (both read afresh when not given)."""
+    ``view``: the runtime's Nodes and GPUNodes (listed afresh when not given);
+    ``applied``: the runtime's memo of what it applied (every child is applied when not
+    given)."""
     now = (now or datetime.now(UTC)).replace(microsecond=0)
     try:
         isvc = InferenceService.model_validate(body)
@@ -518,7 +568,7 @@ async def reconcile_inference_service(
         return Outcome(ready=False, stalled=True)
     try:
         return await _reconcile(
-            api, body, isvc, settings=settings, now=now, view=view, owners=owners
+            api, body, isvc, settings=settings, now=now, view=view, applied=applied
         )
     except ApiError:
         raise  # the runtime retries the transient ones with back-off
@@ -565,12 +615,12 @@ async def _reconcile(
     settings: OperatorSettings,
     now: datetime,
     view: NodeView | None,
-    owners: OwnerMap | None,
+    applied: AppliedMemo | None,
 ) -> Outcome:
     ns = isvc.metadata.namespace
-    snap = await gather(api, isvc, view, owners)
+    snap = await gather(api, isvc, view)
     decision = decide(isvc, snap, settings, now)
-    deployment, rejected = await _apply_children(api, isvc, decision)
+    deployment, rejected = await _apply_children(api, isvc, decision, snap.live, applied)
     await apply_writes(api, decision.warmup.writes)
 
     problems = decision.problems + rejected

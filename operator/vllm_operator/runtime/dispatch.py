@@ -37,13 +37,14 @@ from vllm_operator.models.base import Manifest
 from vllm_operator.reconcile.autoscale import autoscale_inference_service, http_scraper
 from vllm_operator.reconcile.benchmark import reconcile_inference_benchmark
 from vllm_operator.reconcile.inference_service import (
+    AppliedMemo,
     NodeView,
     Outcome,
     list_nodes,
     reconcile_inference_service,
     report_repeated_error,
 )
-from vllm_operator.runtime.cache import ChildOwners, ObjectCache
+from vllm_operator.runtime.cache import WATCHED, CachedAPI, ObjectCache, WatchStore
 from vllm_operator.runtime.health import stuck
 from vllm_operator.runtime.queue import WorkQueue
 from vllm_operator.settings import OperatorSettings
@@ -107,8 +108,11 @@ class Runtime:
     # Nodes and GPUNodes, fed by watch events and relisted every resync (runtime/cache.py).
     nodes: ObjectCache = field(default_factory=ObjectCache)
     gpu_nodes: ObjectCache = field(default_factory=ObjectCache)
-    # Who controls each Deployment, Service and PDB the labelled watches have shown.
-    children: ChildOwners = field(default_factory=ChildOwners)
+    # The namespaced objects the labelled watches show (runtime/cache.py), relisted
+    # every resync; the service reconciles read through it.
+    store: WatchStore = field(default_factory=WatchStore)
+    # (namespace, name) of a service → what its passes last applied of its children.
+    applied: dict[tuple[str, str], AppliedMemo] = field(default_factory=dict)
     # Monotonic times for liveness: the last read of a key's object or LIST that
     # succeeded, and the last resync that listed every watched namespace (both start as
     # the runtime's creation).
@@ -139,6 +143,27 @@ class Runtime:
         self._progressed()
         self.nodes.replace_all(view.nodes)
         self.gpu_nodes.replace_all(view.gpu_nodes)
+
+    async def refresh_store(self) -> None:
+        """One LIST of each watched kind, per watched namespace (per label that puts an
+        object in a watch), into the store; a kind whose LIST failed keeps what it had."""
+        spaces: list[str | None] = list(self.settings.namespaces) or [None]
+        for kind, (api_version, labels) in WATCHED.items():
+            self.store.begin_listing(kind)
+            try:
+                items: list[Manifest] = []
+                for ns in spaces:
+                    for label in labels or (None,):
+                        items += await self.api.list(api_version, kind, ns, label_selector=label)
+            except ApiError as err:
+                self.store.abort_listing(kind)
+                log.warning(
+                    "Listing %ss for the cache failed: %s.", kind, err,
+                    extra={"error": str(err)},
+                )  # fmt: skip
+                continue
+            self._progressed()
+            self.store.finish_listing(kind, items)
 
     def node_view(self) -> NodeView | None:
         """The caches as a reconcile reads them; None until both were listed once (the
@@ -231,15 +256,16 @@ class Runtime:
         _, namespace, name = key
         body = await self._current(KIND_INFERENCE_SERVICE, key)
         if body is None:
+            self.applied.pop((namespace, name), None)
             return None
         with RECONCILE_SECONDS.labels(KIND_INFERENCE_SERVICE).time():
             try:
                 outcome = await self.reconcile_service(
-                    self.api,
+                    CachedAPI(self.api, self.store),
                     body,
                     settings=self.settings,
                     view=self.node_view(),
-                    owners=self.children.owners,
+                    applied=self.applied.setdefault((namespace, name), {}),
                 )
             except ApiError as err:
                 if await self._repeated_internal_error(key, body, err):
@@ -375,9 +401,11 @@ class Runtime:
 
     async def resync_forever(self) -> None:
         await self.refresh_nodes()
+        await self.refresh_store()
         while True:
             await asyncio.sleep(self.settings.resync_seconds)
             await self.refresh_nodes()
+            await self.refresh_store()
             await self.resync_once()
 
     def on_inference_service(self, event: str | None, body: Manifest) -> None:
@@ -398,11 +426,14 @@ class Runtime:
         if (spec.get("autoscaling") or {}).get("enabled") or status.get("autoscaling"):
             self.schedule_autoscaler(namespace, name)
 
-    def on_labelled(self, body: Manifest, event: str | None = None) -> None:
+    def on_labelled(
+        self, body: Manifest, event: str | None = None, kind: str | None = None
+    ) -> None:
         """An event of an object that names its InferenceService by label (the children,
-        their pods, warmup Jobs) or its InferenceBenchmark (load Jobs: the lock they are
-        changes what their target may do, so the target is reconciled too)."""
-        self.children.on_event(event, body)
+        their pods, warmup Jobs, lock Jobs) or its InferenceBenchmark (load Jobs: the
+        lock they are changes what their target may do, so the target is reconciled
+        too)."""
+        self.store.on_event(kind or str(body.get("kind")), event, body)
         meta = body.get("metadata") or {}
         namespace, labels = meta.get("namespace"), meta.get("labels") or {}
         if not namespace:
@@ -414,11 +445,19 @@ class Runtime:
             self.queue.add((BENCH, namespace, bench))
 
     def on_inference_benchmark(
-        self, namespace: str | None, name: str, target: str | None = None
+        self,
+        namespace: str | None,
+        name: str,
+        target: str | None = None,
+        *,
+        event: str | None = None,
+        body: Manifest | None = None,
     ) -> None:
         """A benchmark changed: it is reconciled, and so is its target, whose status
         shows the last finished benchmark (a benchmark's end is a status change of the
         benchmark alone: without this the target showed it only at the next resync)."""
+        if body is not None:
+            self.store.on_event(KIND_INFERENCE_BENCHMARK, event, body)
         if namespace:
             self.queue.add((BENCH, namespace, name))
             if target:
