@@ -83,6 +83,14 @@ test-timing: venv ## Run the tests/ that assert on wall-clock time (marker timin
 test-e2e: setup ## Run the cluster tier only.
 	$(BIN)/pytest e2e $(PYTEST_ARGS)
 
+# The scale benchmark's options (python -m devenv.scale --help), e.g.
+# SCALE_ARGS="--services 2000 --repeats 1" or "--operator-tree /tmp/vop-before".
+SCALE_ARGS ?=
+
+.PHONY: bench-scale
+bench-scale: venv binaries ## Scale benchmark: N InferenceServices vs N plain Deployments to Ready, the operator's requests (docs/scale.md).
+	$(PY) -m devenv.scale $(SCALE_ARGS)
+
 .PHONY: lint
 lint: venv ## ruff, mypy --strict and the import-layer contracts.
 	$(BIN)/ruff check operator tests e2e devenv

@@ -4,6 +4,8 @@ Not product code and not tests. `cluster/` is the local control plane (etcd, api
 controller-manager, scheduler, kwok's fake nodes, one real node; `python -m
 devenv.cluster`) and `images/` the build contexts of the images the real node runs;
 `dev.py` is `make dev`; `vllm_server.py` runs a real CPU vLLM as a local process and
-`vllm_fixtures.py` offers it to pytest. The unit tier (tests/) and the cluster tier
+`vllm_fixtures.py` offers it to pytest; `operator_process.py` runs the operator as a local
+process (the cluster tier's and the benchmark's); `scale.py` is the scale benchmark
+(`make bench-scale`, docs/scale.md). The unit tier (tests/) and the cluster tier
 (e2e/) both import from here; nothing here imports e2e.
 """

@@ -1,22 +1,19 @@
 """Fixtures of the operator's cluster tests: the CRDs installed, the operator running.
 
-The operator runs as a real local process (``vllm-operator run``) against the real
-control plane, with its log in the cluster's log folder.
+The operator runs as a real local process (``vllm-operator run``, devenv/operator_process.py)
+against the real control plane, with its log in the cluster's log folder.
 """
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from devenv.cluster.cluster import ClusterHandle
+from devenv.operator_process import OperatorProcess
 
 REPO = Path(__file__).parents[1]
 
@@ -62,94 +59,6 @@ def lock_policy(crds: ClusterHandle) -> None:
         check=True,
     ).stdout
     crds.kubectl("apply", "-f", "-", input=rendered)
-
-
-class OperatorProcess:
-    """``vllm-operator run`` as a child process; stop() and start() simulate restarts.
-
-    ``kubeconfig`` (default: the cluster's) and ``env`` (settings over the defaults below)
-    are for the fault tests' own operator, which talks through a proxy."""
-
-    def __init__(
-        self,
-        cluster: ClusterHandle,
-        log_dir: Path,
-        *,
-        name: str = "operator",
-        kubeconfig: Path | None = None,
-        env: dict[str, str] | None = None,
-    ) -> None:
-        self.cluster = cluster
-        self.log_path = log_dir / f"{name}.log"
-        self.kubeconfig = kubeconfig or cluster.kubeconfig
-        self.extra_env = env or {}
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        # Never a second operator beside a live one (it would reconcile every object twice).
-        assert not self.alive(), "the operator runs already"
-        env = self.cluster.env()
-        env.update(
-            {
-                "VLLM_OPERATOR_KUBECONFIG": str(self.kubeconfig),
-                "VLLM_OPERATOR_RESYNC_SECONDS": env.get("VLLM_OPERATOR_RESYNC_SECONDS", "20"),
-                "VLLM_OPERATOR_METRICS_PORT": "0",
-                # A line per reconcile pass: what "nothing changed over a pass" awaits.
-                "VLLM_OPERATOR_LOG_LEVEL": "debug",
-                "VLLM_OPERATOR_HEALTH_PORT": "0",
-                "VLLM_OPERATOR_DEFAULT_IMAGE": "vllm/vllm-openai:e2e",
-                **self.extra_env,
-            }
-        )
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "vllm_operator.cli", "run"],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=REPO,
-            start_new_session=True,
-        )
-        log.close()
-
-    def stop(self, *, kill: bool = False) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL if kill else signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
-        self.proc = None
-
-    def wait_started(self, mark: int = 0, timeout: float = 60) -> None:
-        """Until the operator logs that it started (after ``mark``, a log position)."""
-        deadline = time.monotonic() + timeout
-        while "Started the vllm-operator" not in self.log_since(mark):
-            assert self.alive(), f"the operator exited:\n{self.log_tail()}"
-            assert time.monotonic() < deadline, f"no start in {timeout:.0f} s:\n{self.log_tail()}"
-            time.sleep(0.2)
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def log_tail(self, lines: int = 80) -> str:
-        if not self.log_path.exists():
-            return ""
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-
-    def log_mark(self) -> int:
-        """Where the log ends now: what :meth:`log_since` reads from."""
-        return self.log_path.stat().st_size if self.log_path.exists() else 0
-
-    def log_since(self, mark: int) -> str:
-        if not self.log_path.exists():
-            return ""
-        with self.log_path.open("rb") as f:
-            f.seek(mark)
-            return f.read().decode(errors="replace")
 
 
 def log_dir(cluster: ClusterHandle, tmp_path_factory: pytest.TempPathFactory) -> Path:
