@@ -339,7 +339,10 @@ class Runtime:
         return PENDING_BENCHMARK_SECONDS if phase == "Pending" else None
 
     async def _work_autoscale(self, key: Key) -> float | None:
-        """One autoscaler reading; it schedules the next one itself while autoscaling is on."""
+        """One autoscaler reading; it schedules the next one itself while autoscaling is on.
+        Its pods and lock Jobs come from the watch store, as the service reconcile's do
+        (the chart's admission policy, not this read, is what refuses a scale-down while
+        a lock Job runs)."""
         _, namespace, name = key
         body = await self._current(KIND_INFERENCE_SERVICE, key)
         if body is None:
@@ -347,7 +350,10 @@ class Runtime:
             return None
         try:
             again = await self.autoscale(
-                self.api, body, states=self.scaler_states, scrape=http_scraper(self.http)
+                CachedAPI(self.api, self.store),
+                body,
+                states=self.scaler_states,
+                scrape=http_scraper(self.http),
             )
         except ApiError as err:
             delay = self._failed(key, err)
