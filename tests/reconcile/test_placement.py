@@ -55,3 +55,28 @@ def test_placement_adds_the_product_and_the_planned_interconnect() -> None:
     ]
     unplanned = EffectiveTuning(planned_by="SpecOnly")
     assert fits_placement(service, l4_pcie, unplanned)
+
+
+def test_a_gpu_node_status_is_parsed_once_per_resource_version() -> None:
+    """Each pass of each service profiles every node; a GPUNode's status is parsed again
+    only when its resourceVersion moved, so a change is never missed."""
+    import copy
+    import json
+    from pathlib import Path
+
+    from vllm_operator.reconcile.placement import gpu_profiles
+
+    fixture = Path(__file__).parents[1] / "agent/fixtures/h200/x2/gpunode.json"
+    gpu_node = json.loads(fixture.read_text())
+    name = gpu_node["metadata"]["name"]
+    gpu_node["metadata"]["resourceVersion"] = "41"
+    node = {"metadata": {"name": name, "labels": {}}}
+    first = gpu_profiles([node], [gpu_node])
+    assert [p.source for p in first] == ["GPUNode"]
+    assert gpu_profiles([node], [copy.deepcopy(gpu_node)]) == first
+    changed = copy.deepcopy(gpu_node)
+    changed["status"]["gpus"] = changed["status"]["gpus"][:1]
+    changed["metadata"]["resourceVersion"] = "42"
+    assert gpu_profiles([node], [changed])[0].count == 1 != first[0].count
+    # A GPUNode of a node that is not a candidate is not read at all.
+    assert gpu_profiles([], [changed]) == []

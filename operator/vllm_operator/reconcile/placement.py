@@ -11,7 +11,9 @@ model's shape is unknown.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Final
 
 from pydantic import ValidationError
 
@@ -79,14 +81,41 @@ def candidate_nodes(isvc: InferenceService, nodes: list[Manifest]) -> list[Manif
     return [n for n in nodes if selectable(isvc, n) and allocatable_gpus(n) > 0]
 
 
+# GPUNode statuses as parsed, by (name, resourceVersion): a status is parsed once per
+# change instead of in every pass of every service (at 200 GPUNodes of two GPUs each the
+# parsing was 34 ms of each pass). Bounded; an object without a resourceVersion (the
+# unit tests' hand-made ones) is parsed every time.
+_PARSED: Final[OrderedDict[tuple[str, str], GPUNodeStatus | None]] = OrderedDict()
+_PARSED_MAX: Final = 4096
+
+
+def _gpu_node_status(gpu_node: Manifest) -> GPUNodeStatus | None:
+    """The GPUNode's status, or None when it cannot be read (the node's labels are used
+    then)."""
+    meta = gpu_node["metadata"]
+    key = (str(meta.get("name")), str(meta.get("resourceVersion") or ""))
+    if key[1] and key in _PARSED:
+        _PARSED.move_to_end(key)
+        return _PARSED[key]
+    try:
+        status: GPUNodeStatus | None = GPUNodeStatus.model_validate(gpu_node.get("status") or {})
+    except ValidationError:
+        status = None
+    if key[1]:
+        _PARSED[key] = status
+        if len(_PARSED) > _PARSED_MAX:
+            _PARSED.popitem(last=False)
+    return status
+
+
 def gpu_profiles(nodes: list[Manifest], gpu_nodes: list[Manifest]) -> list[GPUProfile]:
     """One profile per node: from its GPUNode status when the agent published one."""
+    wanted = {n["metadata"]["name"] for n in nodes}
     statuses: dict[str, GPUNodeStatus] = {}
     for gn in gpu_nodes:
-        try:
-            statuses[gn["metadata"]["name"]] = GPUNodeStatus.model_validate(gn.get("status") or {})
-        except ValidationError:
-            continue  # an unreadable status: fall back to the node's labels
+        name = gn["metadata"]["name"]
+        if name in wanted and (status := _gpu_node_status(gn)) is not None:
+            statuses[name] = status
     profiles = (
         node_profile(
             n["metadata"].get("labels", {}),
