@@ -505,7 +505,9 @@ def markdown(report: Mapping[str, Any]) -> str:
         parts = []
         for phase, name in (("rollin", "roll-in"), ("steady", "one resync")):
             found = e[phase]["cluster_lists"]
-            listed = ", ".join(f"{k.removesuffix(' cluster')} {v:g}" for k, v in found.items())
+            listed = ", ".join(
+                f"{k.removesuffix(' cluster')} {round(v, 2):g}" for k, v in found.items()
+            )
             reconciles = (e[phase]["reconciles_per_service"] or 0) * e["services"]
             parts.append(f"{name} ({reconciles:g} reconciles): {listed or 'none'}")
         over = e["steady"]["overlapped"]
