@@ -434,10 +434,10 @@ async def _apply_children(
     render of it is what we last applied and the child is as that apply left it: such an
     apply changes nothing. An edit by hand or by another controller changes the child,
     whose watch event brings a pass that applies it again."""
-    deployment: Manifest | None = decision.live_deployment
-    rejected: list[Problem] = []
     ns = isvc.metadata.namespace or ""
-    for child in decision.children:
+
+    async def apply(child: Manifest) -> tuple[Manifest | None, Problem | None]:
+        """(the child as applied, None when skipped or refused; what was refused)."""
         kind = child["kind"]
         key = (kind, ns, child["metadata"]["name"])
         rendered = content_digest(child)
@@ -447,7 +447,7 @@ async def _apply_children(
             and current is not None
             and applied.get(key) == (rendered, content_digest(current))
         ):
-            continue
+            return None, None
         try:
             result = await api.apply(child)
         except ApiError as err:
@@ -457,14 +457,22 @@ async def _apply_children(
                 raise
             # The apiserver refused what we rendered (a value the CRD let through but the
             # child's own validation does not): a spec problem, not something to retry.
-            rejected.append(Problem("ChildRejected", f"The apiserver rejected the {kind}: {err}"))
-            if kind == "Deployment":
-                deployment = None
-            continue
+            return None, Problem("ChildRejected", f"The apiserver rejected the {kind}: {err}")
         if applied is not None:
             applied[key] = (rendered, content_digest(result))
-        if kind == "Deployment":
-            deployment = result
+        return result, None
+
+    # The Service, PDB and HPA at once (none depends on another), then the Deployment,
+    # whose pods then start with their Service and budget in place.
+    first = [c for c in decision.children if c["kind"] != "Deployment"]
+    last = [c for c in decision.children if c["kind"] == "Deployment"]
+    outcomes = list(await asyncio.gather(*(apply(c) for c in first)))
+    outcomes += [await apply(c) for c in last]
+    rejected = [problem for _, problem in outcomes if problem is not None]
+    deployment: Manifest | None = decision.live_deployment
+    for child, (result, problem) in zip(first + last, outcomes, strict=True):
+        if child["kind"] == "Deployment":
+            deployment = None if problem is not None else result or deployment
     if decision.delete_hpa:
         await api.delete("autoscaling/v2", "HorizontalPodAutoscaler", hpa_name(isvc), ns)
         if applied is not None:
