@@ -324,6 +324,17 @@ def window(
     return out
 
 
+def cpu_seconds(stat: str, ticks_per_second: int) -> float:
+    """User and system CPU time from a /proc/<pid>/stat line (fields 14 and 15; the
+    command name, field 2, is in parentheses and may hold spaces)."""
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / ticks_per_second
+
+
+def cpu_gained(after: Mapping[str, float], before: Mapping[str, float]) -> dict[str, float]:
+    return {k: round(v - before[k], 2) for k, v in after.items() if k in before}
+
+
 # --------------------------------------------------------------------------- summary
 
 
@@ -463,10 +474,11 @@ def markdown(report: Mapping[str, Any]) -> str:
         )
     lines += [
         "",
-        "Every run:",
+        "Every run (op CPU s: the operator process's CPU seconds during the roll-in):",
         "",
-        "| services | repeat | raw s | operator s | ratio | roll-in req/svc | steady req/svc |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "| services | repeat | raw s | operator s | ratio | roll-in req/svc | steady req/svc | "
+        "op CPU s |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for e in report["summary"]:
         ops = [r for r in report["runs"] if r["services"] == e["services"]]
@@ -479,7 +491,8 @@ def markdown(report: Mapping[str, Any]) -> str:
                 f"| {e['services']} | {r['repeat']} | {_f(raw_s)} | {_f(r['seconds'])} | "
                 f"{_f(_ratio(r['seconds'], raw_s), 2)} | "
                 f"{_f(rollin.get('requests_per_service'), 1)} | "
-                f"{_f(steady.get('requests_per_service'), 2)} |"
+                f"{_f(steady.get('requests_per_service'), 2)} | "
+                f"{_f((r.get('rollin') or {}).get('cpu_s', {}).get('operator'))} |"
             )
     lines += [
         "",
@@ -669,6 +682,22 @@ class Bench:
         response.raise_for_status()
         return parse_counters(response.text, (REQUESTS, RECONCILES, QUEUE_DEPTH))
 
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds the operator and the apiserver have used so far: on a shared machine
+        steadier than their wall time."""
+        pids = {"operator": self.operator.proc.pid if self.operator.proc else None}
+        if self.handle.settings is not None:
+            pidfile = processes.PidFile.read(self.handle.settings, "kube-apiserver")
+            pids["apiserver"] = pidfile.pid if pidfile else None
+        ticks = os.sysconf("SC_CLK_TCK")
+        out = {}
+        for name, pid in pids.items():
+            try:
+                out[name] = cpu_seconds(Path(f"/proc/{pid}/stat").read_text(), ticks)
+            except (OSError, IndexError, ValueError):
+                continue
+        return out
+
     async def scrape_apiserver(self) -> Counters:
         proc = await asyncio.to_thread(self.handle.kubectl, "get", "--raw", "/metrics")
         return parse_counters(str(proc.stdout), (APISERVER_REQUESTS,))
@@ -787,7 +816,7 @@ class Bench:
         LIST and the reconciles it spreads over half the period), until idle again."""
         resync = float(self.opts.resync_seconds)
         before = await self.idle(self.opts.timeout_s)
-        t0 = time.monotonic()
+        t0, cpu = time.monotonic(), self.cpu()
         api_before = await self.scrape_apiserver()
         reconciles = total(before, RECONCILES)
         while True:
@@ -800,9 +829,10 @@ class Bench:
             await asyncio.sleep(POLL_SECONDS / 2)
         await asyncio.sleep(max(0.0, began + resync / 2 + RESYNC_MARGIN_SECONDS - time.monotonic()))
         after = await self.idle(self.opts.timeout_s)
-        t1 = time.monotonic()
+        t1, cpu = time.monotonic(), cpu_gained(self.cpu(), cpu)
         api_after = await self.scrape_apiserver()
         out = window(before, after, t1 - t0, diff(api_after, api_before))
+        out["cpu_s"] = cpu
         out["resync_began_s"] = round(began - t0, 2)
         # Idle again only after the next resync began: the window holds part of that one.
         out["overlapped"] = t1 - began > resync - 2 * POLL_SECONDS
@@ -814,12 +844,14 @@ class Bench:
         ns = f"scale-raw-{n}-{repeat}"
         await self.new_namespace(ns)
         manifests = [raw_deployment(f"d-{i:05d}", ns) for i in range(n)]
+        load, cpu = os.getloadavg()[0], self.cpu()
         timing = await self.roll_in(
             "Deployments available",
             manifests,
             ("apps/v1", "Deployment", ns),
             lambda d: (d.get("status") or {}).get("availableReplicas") == 1,
         )
+        cpu = cpu_gained(self.cpu(), cpu)
         say(f"{n} raw Deployments available in {timing['seconds']:.1f} s (repeat {repeat})")
         deleted = await self.delete_namespace(ns)
         return {
@@ -827,6 +859,8 @@ class Bench:
             "services": n,
             "repeat": repeat,
             **timing,
+            "cpu_s": cpu,
+            "loadavg": round(load, 2),
             "deleted_s": round(deleted, 2),
         }
 
@@ -836,11 +870,14 @@ class Bench:
         await self.idle(self.opts.timeout_s)
         manifests = [inference_service(f"s-{i:05d}", ns) for i in range(n)]
         op_before, api_before = await self.scrape_operator(), await self.scrape_apiserver()
+        load, cpu = os.getloadavg()[0], self.cpu()
         timing = await self.roll_in(
             "InferenceServices Ready", manifests, (API_VERSION, KIND_INFERENCE_SERVICE, ns), _ready
         )
+        cpu = cpu_gained(self.cpu(), cpu)
         op_after, api_after = await self.scrape_operator(), await self.scrape_apiserver()
         rollin = window(op_before, op_after, timing["seconds"], diff(api_after, api_before))
+        rollin["cpu_s"] = cpu
         # The bench's own polls are namespaced LISTs: only the cluster-scoped ones are the
         # operator's (or Kopf's, or another controller's).
         rollin["apiserver_lists"] = {
@@ -863,6 +900,7 @@ class Bench:
             "services": n,
             "repeat": repeat,
             **timing,
+            "loadavg": round(load, 2),
             "deleted_s": round(deleted, 2),
             "rollin": rollin,
             "steady": steady,

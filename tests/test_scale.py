@@ -201,3 +201,13 @@ def test_the_default_options_are_the_issues_sizes_and_2000_services_fit() -> Non
     assert (opts.nodes, opts.gpus_per_node, opts.resync_seconds) == (200, 16, 60)
     assert opts.workers is None and opts.operator_tree == scale.REPO
     assert scale.parse_options(["--services", "200,2000"]).services == (200, 2000)
+
+
+def test_cpu_time_is_read_after_a_command_name_with_spaces_and_parentheses() -> None:
+    # pid (comm) state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt
+    # utime stime ...
+    stat = "4242 (python (x) y) S 1 4242 4242 0 -1 4194560 900 0 0 0 250 50 0 0 20 0 3 0"
+    assert scale.cpu_seconds(stat, 100) == 3.0
+    assert scale.cpu_gained({"operator": 5.0, "apiserver": 9.0}, {"operator": 3.0}) == {
+        "operator": 2.0
+    }
