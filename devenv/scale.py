@@ -31,9 +31,10 @@ What it does:
 
 The operator's counters are ``vllm_operator_api_requests_total{verb,resource}`` (requests
 its reconcilers send; Kopf's watches are not in it) and
-``vllm_operator_reconcile_total{kind,result}``. The verb is the HTTP method, so a LIST
-and a GET of one kind are counted together there; the apiserver's
-``apiserver_request_total{verb="LIST",scope}`` tells them apart, for every client.
+``vllm_operator_reconcile_total{kind,result}``. The verb is the HTTP method, or LIST for a
+LIST (older operators count a LIST as a GET); the apiserver's
+``apiserver_request_total{verb="LIST",scope}`` tells cluster-wide LISTs from namespaced
+ones, for every client.
 
 The bench is its own process: its creates and polls (through the operator package's
 ``KubeClient``, under its own field manager) are not in the operator's counters.

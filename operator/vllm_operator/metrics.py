@@ -25,7 +25,8 @@ CONDITIONS: Final = Gauge(
 QUEUE_DEPTH: Final = Gauge("vllm_operator_queue_depth", "Objects waiting to be reconciled.")
 API_REQUESTS: Final = Counter(
     "vllm_operator_api_requests_total",
-    "Requests the operator's reconcilers sent to the Kubernetes API (Kopf's watches aside).",
+    "Requests the operator's reconcilers sent to the Kubernetes API (Kopf's watches aside), "
+    "by verb (the HTTP method, or LIST) and resource.",
     ["verb", "resource"],
 )
 AUTOSCALER_SIGNAL: Final = Gauge(

@@ -90,3 +90,20 @@ async def test_served_resources(status: int, body: object, expected: set[str]) -
     finally:
         await kube.close()
         server.close()
+
+
+async def test_the_request_metric_names_a_list_list_and_a_get_get() -> None:
+    from vllm_operator.metrics import API_REQUESTS
+
+    def count(verb: str) -> float:
+        return API_REQUESTS.labels(verb, "pods")._value.get()
+
+    server, port = await _serve(_http(200, {"kind": "PodList", "items": []}))
+    kube = _kube(port, timeout=DEADLINE_S)
+    lists, gets = count("LIST"), count("GET")
+    try:
+        await kube.list("v1", "Pod", "team")
+    finally:
+        await kube.close()
+        server.close()
+    assert (count("LIST") - lists, count("GET") - gets) == (1, 0)

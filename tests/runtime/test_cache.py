@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 
 from tests.fakes import RecordingCluster
@@ -129,4 +131,27 @@ async def test_the_relist_takes_every_label_that_puts_a_job_in_a_watch() -> None
     assert sorted(j["metadata"]["name"] for j in runtime.store.select("Job", "team", {})) == [
         "k", "l", "w",
     ]  # fmt: skip
+    await runtime.http.aclose()
+
+
+async def test_the_first_fill_retries_what_was_refused_until_every_cache_is_filled() -> None:
+    """A LIST refused at start (the apiserver's 429 while its storage initializes) is
+    retried within a second, not left to the next resync."""
+    api = RecordingCluster()
+    api.put(_pod("a"))
+    api.fail[("list", "GPUNode")] = ApiError(429, "TooManyRequests", "storage initializing")
+    api.fail[("list", "Pod")] = ApiError(429, "TooManyRequests", "storage initializing")
+    runtime = Runtime(settings=OperatorSettings(), api=api, http=httpx.AsyncClient())
+
+    async def clear_soon() -> None:
+        await asyncio.sleep(0.1)
+        api.fail.clear()
+
+    clearing = asyncio.create_task(clear_soon())
+    await asyncio.wait_for(runtime.fill_caches(), timeout=5)
+    await clearing
+    assert runtime.node_view() is not None
+    assert runtime.store.get("Pod", "team", "a") is not None
+    listed = [kind for verb, kind, _ in api.calls if verb == "list"]
+    assert listed.count("Pod") == 2 and listed.count("Deployment") == 1, listed
     await runtime.http.aclose()

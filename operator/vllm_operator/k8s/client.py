@@ -118,12 +118,15 @@ class KubeClient:
         query: list[tuple[str, str]] | None = None,
         body: Any = None,
         content_type: str | None = None,
+        verb: str | None = None,
     ) -> Any:
         headers = {"Accept": "application/json"}
         if content_type:
             headers["Content-Type"] = content_type
         self.requests += 1
-        API_REQUESTS.labels(method, _resource_of(path)).inc()
+        # The metric's verb: the HTTP method, or the apiserver's own name where one method
+        # means two things (a LIST is a GET of a collection).
+        API_REQUESTS.labels(verb or method, _resource_of(path)).inc()
         try:
             return await self._api.call_api(
                 path,
@@ -176,7 +179,7 @@ class KubeClient:
     ) -> list[Manifest]:
         query = [("labelSelector", label_selector)] if label_selector else []
         result = await self._call(
-            "GET", resource_for(api_version, kind).path(namespace), query=query
+            "GET", resource_for(api_version, kind).path(namespace), query=query, verb="LIST"
         )
         items: list[Manifest] = result.get("items", [])
         return items

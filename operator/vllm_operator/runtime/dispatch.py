@@ -15,7 +15,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -144,11 +144,14 @@ class Runtime:
         self.nodes.replace_all(view.nodes)
         self.gpu_nodes.replace_all(view.gpu_nodes)
 
-    async def refresh_store(self) -> None:
-        """One LIST of each watched kind, per watched namespace (per label that puts an
-        object in a watch), into the store; a kind whose LIST failed keeps what it had."""
+    async def refresh_store(self, kinds: Collection[str] | None = None) -> None:
+        """One LIST of each watched kind (or of ``kinds``), per watched namespace (per
+        label that puts an object in a watch), into the store; a kind whose LIST failed
+        keeps what it had."""
         spaces: list[str | None] = list(self.settings.namespaces) or [None]
         for kind, (api_version, labels) in WATCHED.items():
+            if kinds is not None and kind not in kinds:
+                continue
             self.store.begin_listing(kind)
             try:
                 items: list[Manifest] = []
@@ -405,9 +408,25 @@ class Runtime:
         if listed == len(spaces):
             self.resynced = time.monotonic()
 
+    async def fill_caches(self) -> None:
+        """The first LISTs of every cache, each one that failed retried after 0.5 s, then
+        twice as long each time up to 8 s, until all are filled. Until then the
+        reconciles read for themselves; one refused LIST at start (a 429 while the
+        apiserver's storage initializes) left them doing so until the next resync."""
+        delay = 0.5
+        while True:
+            if not (self.nodes.ready and self.gpu_nodes.ready):
+                await self.refresh_nodes()
+            missing = [kind for kind in WATCHED if kind not in self.store.ready]
+            if missing:
+                await self.refresh_store(missing)
+            if self.node_view() is not None and set(WATCHED) <= self.store.ready:
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 8.0)
+
     async def resync_forever(self) -> None:
-        await self.refresh_nodes()
-        await self.refresh_store()
+        await self.fill_caches()
         while True:
             await asyncio.sleep(self.settings.resync_seconds)
             await self.refresh_nodes()
