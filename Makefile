@@ -98,6 +98,10 @@ lint: venv ## ruff, mypy --strict and the import-layer contracts.
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
+.PHONY: lint-k8s
+lint-k8s: ## kube-linter, Polaris, ct lint, dashboard-linter on the chart and dashboard (docs/linters.md; not in test or CI).
+	bash scripts/lint-k8s.sh
+
 .PHONY: format
 format: venv ## Format the code with ruff.
 	$(BIN)/ruff format operator tests e2e devenv
