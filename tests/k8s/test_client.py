@@ -107,3 +107,20 @@ async def test_the_request_metric_names_a_list_list_and_a_get_get() -> None:
         await kube.close()
         server.close()
     assert (count("LIST") - lists, count("GET") - gets) == (1, 0)
+
+
+async def test_a_refusal_carries_the_reasons_of_its_causes() -> None:
+    status = {
+        "kind": "Status", "code": 403, "reason": "Forbidden",
+        "message": 'services "chat" is forbidden: namespace team is being terminated',
+        "details": {"causes": [{"reason": "NamespaceTerminating", "field": "metadata.namespace"}]},
+    }  # fmt: skip
+    server, port = await _serve(_http(403, status))
+    kube = _kube(port, timeout=DEADLINE_S)
+    try:
+        with pytest.raises(ApiError) as caught:
+            await kube.get("v1", "Service", "chat", "team")
+    finally:
+        await kube.close()
+        server.close()
+    assert caught.value.namespace_terminating and not caught.value.transient

@@ -366,6 +366,22 @@ async def test_a_refused_request_keeps_its_back_off(runtime: Runtime, calls: Cal
     assert runtime.queue._due[key] > time.monotonic()
 
 
+async def test_a_namespace_being_deleted_ends_the_key_without_a_retry_or_a_warning(
+    runtime: Runtime, calls: Calls, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The garbage collector removes the children before the service; a pass meanwhile is
+    refused (403, cause NamespaceTerminating). Found by the scale benchmark: each such
+    pass was a ChildRejected status and a failed event per service."""
+    _cluster(runtime).put(_obj(KIND_INFERENCE_SERVICE))
+    calls.fail = ApiError(
+        403, "Forbidden", "namespace team is being terminated", ("NamespaceTerminating",)
+    )
+    with caplog.at_level(logging.INFO, logger="vllm_operator"):
+        assert await runtime.work((ISVC, "team", "chat")) is None
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not _cluster(runtime).applied(f"{KIND_INFERENCE_SERVICE}/status")
+
+
 async def test_the_same_internal_error_five_passes_in_a_row_stalls_the_service(
     runtime: Runtime, calls: Calls
 ) -> None:

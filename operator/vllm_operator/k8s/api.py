@@ -15,11 +15,15 @@ from vllm_operator.models.base import Manifest
 class ApiError(Exception):
     """A failed API request, classified once: transient (retry later) or not."""
 
-    def __init__(self, status: int, reason: str, message: str) -> None:
+    def __init__(
+        self, status: int, reason: str, message: str, causes: tuple[str, ...] = ()
+    ) -> None:
         super().__init__(f"{status} {reason}: {message}")
         self.status = status
         self.reason = reason
         self.message = message
+        # The reasons of the Status's details.causes (NamespaceTerminating, FieldValueInvalid).
+        self.causes = causes
 
     @property
     def transient(self) -> bool:
@@ -29,6 +33,11 @@ class ApiError(Exception):
     @property
     def not_found(self) -> bool:
         return self.status == 404
+
+    @property
+    def namespace_terminating(self) -> bool:
+        """Refused because the namespace is being deleted: what was asked goes with it."""
+        return self.status == 403 and "NamespaceTerminating" in self.causes
 
 
 class ClusterAPI(Protocol):

@@ -56,13 +56,16 @@ def _resource_of(path: str) -> str:
 def _error(exc: ApiException) -> ApiError:
     status = int(exc.status or 0)
     reason, message = str(exc.reason or ""), str(exc.body or "")
+    causes: tuple[str, ...] = ()
     try:
         body = json.loads(message)
         reason = body.get("reason", reason)
         message = body.get("message", message)
+        details = body.get("details") or {}
+        causes = tuple(str(c.get("reason")) for c in details.get("causes") or () if c.get("reason"))
     except (ValueError, AttributeError):
         pass
-    return ApiError(status, reason, message)
+    return ApiError(status, reason, message, causes)
 
 
 async def load_config(kubeconfig: str | None = None) -> client.ApiClient:
@@ -258,7 +261,8 @@ class KubeClient:
             await self._call("POST", resource_for("v1", "Event").path(namespace), body=body)
         except ApiError as err:
             # An event is a courtesy; failing to record one must not fail the reconcile.
-            log.warning(
+            # In a namespace being deleted, nothing can be recorded and nothing needs to be.
+            (log.debug if err.namespace_terminating else log.warning)(
                 "Recording event %s on %s/%s failed: %s.", reason, namespace, meta["name"], err,
                 extra={"reason": reason, "error": str(err)},
             )  # fmt: skip

@@ -453,8 +453,8 @@ async def _apply_children(
         except ApiError as err:
             if applied is not None:
                 applied.pop(key, None)
-            if err.transient:
-                raise
+            if err.transient or err.namespace_terminating:
+                raise  # retried; or the namespace goes, and the service with it
             # The apiserver refused what we rendered (a value the CRD let through but the
             # child's own validation does not): a spec problem, not something to retry.
             return None, Problem("ChildRejected", f"The apiserver rejected the {kind}: {err}")
@@ -660,12 +660,15 @@ async def _reconcile(
     if old != status:
         await apply_status(api, body, status.to_wire())
         await _events(api, body, old, status)
+        ready_now = find(status.conditions, "Ready")
+        # The object in the message itself: the plain log format prints no extras.
         log.info(
-            "Updated status of InferenceService.",
+            "Updated status of InferenceService %s/%s: Ready=%s.",
+            ns, isvc.metadata.name, ready_now.status if ready_now else None,
             extra={
                 "object": f"{ns}/{isvc.metadata.name}",
-                "ready": find(status.conditions, "Ready").status,  # type: ignore[union-attr]
+                "ready": ready_now.status if ready_now else None,
             },
-        )
+        )  # fmt: skip
     ready = find(status.conditions, "Ready")
     return Outcome(ready=ready is not None and ready.status == "True", stalled=bool(problems))

@@ -271,6 +271,12 @@ class Runtime:
                     applied=self.applied.setdefault((namespace, name), {}),
                 )
             except ApiError as err:
+                if err.namespace_terminating:
+                    # Its namespace is being deleted: the service goes too, and its
+                    # DELETED event ends the key; nothing to retry or report.
+                    log.debug("InferenceService %s/%s: its namespace is going.", namespace, name)
+                    self.queue.forget(key)
+                    return None
                 if await self._repeated_internal_error(key, body, err):
                     return None
                 result = "retry" if err.transient else "error"
