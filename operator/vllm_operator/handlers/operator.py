@@ -53,6 +53,17 @@ OUR_RESOURCES = (PLURAL_INFERENCE_SERVICE, PLURAL_INFERENCE_BENCHMARK, PLURAL_GP
 ERROR_BACKOFFS = (0.5, 1.0) + (2.0,) * 26
 
 
+class EventsOnlyDiffBase(kopf.AnnotationsDiffBaseStorage):
+    """Kopf's diff base with no essence. Kopf builds an object's "essence", a deep copy of
+    it without its status, on every watch event, for change-detecting handlers
+    (on.create, on.update, on.delete) to diff against. This operator registers none: it
+    handles raw events. The copies were about 14 % of the operator's event-loop time while
+    500 services rolled in (py-spy, the scale benchmark), most of it for pods."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        return kopf.BodyEssence()
+
+
 def _settings(memo: Any) -> OperatorSettings:
     settings: OperatorSettings = memo.settings
     return settings
@@ -108,7 +119,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     # not posted as Events (we record our own, on transitions only).
     settings.persistence.finalizer = f"{GROUP}/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+    settings.persistence.diffbase_storage = EventsOnlyDiffBase(
         prefix=GROUP, key="last-handled-configuration"
     )
     settings.posting.enabled = False
