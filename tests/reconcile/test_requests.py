@@ -183,3 +183,28 @@ def test_the_decision_is_a_function_of_the_snapshot_alone() -> None:
     small = Snapshot(**{**snap.__dict__, "view": NodeView([node("a", 0)], [])})
     held = decide(isvc, small, SETTINGS, NOW)
     assert held.problems and "Deployment" not in [c["kind"] for c in held.children]
+
+
+async def test_labels_and_annotations_of_others_on_a_child_bring_no_apply() -> None:
+    """The Deployment controller annotates the revision on every Deployment: not ours to
+    apply back, so no second apply of each service's Deployment. Our own label changed
+    by hand is applied back."""
+    api, body, applied = await _converged()
+    view = await list_nodes(api)
+    store = watched(api)
+    deployment = copy.deepcopy(store.get("Deployment", "team-a", "chat"))
+    assert deployment is not None
+    deployment["metadata"].setdefault("annotations", {})["deployment.kubernetes.io/revision"] = "1"
+    store.on_event("Deployment", "MODIFIED", deployment)
+    api.calls.clear()
+    await reconcile_inference_service(
+        CachedAPI(api, store), body, settings=SETTINGS, now=NOW, view=view, applied=applied
+    )
+    assert api.calls == []
+    deployment = copy.deepcopy(deployment)
+    deployment["metadata"]["labels"][LABEL_SERVICE] = "edited"
+    store.on_event("Deployment", "MODIFIED", deployment)
+    await reconcile_inference_service(
+        CachedAPI(api, store), body, settings=SETTINGS, now=NOW, view=view, applied=applied
+    )
+    assert api.calls == [("apply", "Deployment", "chat")]

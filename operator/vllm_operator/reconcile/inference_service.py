@@ -406,13 +406,20 @@ def decide(
 # --- apply ----------------------------------------------------------------------------------
 
 
-def content_digest(obj: Manifest) -> str:
+def content_digest(obj: Manifest, rendered: Manifest | None = None) -> str:
     """A digest of what server-side apply sets of a child: its labels, annotations, owner
-    references and spec (not its status, nor the fields every write changes)."""
+    references and spec (not its status, nor the fields every write changes). With
+    ``rendered``, only the labels and annotations that it sets count: others' (the
+    Deployment controller's revision annotation) are not ours to apply back."""
     meta = obj.get("metadata") or {}
+    labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+    if rendered is not None:
+        ours = rendered.get("metadata") or {}
+        labels = {k: labels.get(k) for k in ours.get("labels") or {}}
+        annotations = {k: annotations.get(k) for k in ours.get("annotations") or {}}
     content = {
-        "labels": meta.get("labels") or {},
-        "annotations": meta.get("annotations") or {},
+        "labels": labels,
+        "annotations": annotations,
         "ownerReferences": meta.get("ownerReferences") or [],
         "spec": obj.get("spec"),
     }
@@ -445,7 +452,7 @@ async def _apply_children(
         if (
             applied is not None
             and current is not None
-            and applied.get(key) == (rendered, content_digest(current))
+            and applied.get(key) == (rendered, content_digest(current, child))
         ):
             return None, None
         try:
@@ -459,7 +466,7 @@ async def _apply_children(
             # child's own validation does not): a spec problem, not something to retry.
             return None, Problem("ChildRejected", f"The apiserver rejected the {kind}: {err}")
         if applied is not None:
-            applied[key] = (rendered, content_digest(result))
+            applied[key] = (rendered, content_digest(result, child))
         return result, None
 
     # The Service, PDB and HPA at once (none depends on another), then the Deployment,
