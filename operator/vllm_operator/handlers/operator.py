@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import httpx
 import kopf
@@ -62,6 +62,17 @@ class EventsOnlyDiffBase(kopf.AnnotationsDiffBaseStorage):
 
     def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
         return kopf.BodyEssence()
+
+
+# The watched resources every object of which carries the inference-service label:
+# (group, version, plural), as the event handlers below register them.
+LABELLED_BY_SERVICE: Final = (
+    ("apps", "v1", "deployments"),
+    ("v1", "services"),
+    ("policy", "v1", "poddisruptionbudgets"),
+    ("autoscaling", "v2", "horizontalpodautoscalers"),
+    ("v1", "pods"),
+)
 
 
 def _settings(memo: Any) -> OperatorSettings:
@@ -131,6 +142,12 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     # Watches: the apiserver ends each after 300 s, the client 30 s later if it does not; a
     # stream silent for Kopf's inactivity_timeout (70 s: the apiserver sends a bookmark
     # every minute) is dropped and reconnected.
+    # The labelled watches filter on the apiserver, so the operator is not sent every pod
+    # and Deployment of the cluster to drop them itself (Kopf's handler filters are
+    # client-side). Jobs carry one of three labels, which one selector cannot OR: those
+    # are filtered by the handlers.
+    for resource in LABELLED_BY_SERVICE:
+        settings.watching.label_selectors[resource] = LABEL_SERVICE
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.watching.connect_timeout = CONNECT_TIMEOUT_SECONDS
