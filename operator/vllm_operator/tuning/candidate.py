@@ -318,6 +318,7 @@ def candidate(ask: Ask, g: GpuChoices, tp: int, pp: int) -> Candidate | None:
         version=ask.vllm_version,
         # NCCL's NVLink buffers: an NVLink part (SXM, NVSwitch) joined over NVLink.
         nvlink=link == "NVLink" and gpu.model is not None and gpu.model.nvlink,
+        moe=arch.is_moe,
     )
     return Candidate(
         tp=tp,

@@ -289,6 +289,13 @@ class ReleaseMemoryModel:
     # line says "default since v0.21.0"). Before, graphs are captured after the KV cache is
     # allocated, from the memory outside the budget.
     graphs_in_budget: bool
+    # Whether the estimate is there for dense models too. Model Runner V2, vLLM's default
+    # for dense models from 0.25.1 (vllm-project/vllm#44443), implements
+    # profile_cudagraph_memory as a stub that returns 0 (vllm-project/vllm#49224; the fix,
+    # #49233, was closed unmerged): the KV cache takes the whole budget and the graphs are
+    # captured afterwards, outside it, as before 0.20. MoE models stay on the legacy
+    # runner, which deducts its estimate.
+    dense_graph_estimate: bool
     source: str
 
 
@@ -337,6 +344,7 @@ RELEASE_LINES: Final[tuple[ReleaseMemoryModel, ...]] = (
         moe_chunk_tokens=32768,
         non_torch_single_gpu=NON_TORCH_SINGLE_OLD,
         graphs_in_budget=False,
+        dense_graph_estimate=True,
         source="0.10.0 sdist; pr21429 (0.10 development)",
     ),
     ReleaseMemoryModel(
@@ -346,7 +354,9 @@ RELEASE_LINES: Final[tuple[ReleaseMemoryModel, ...]] = (
         moe_chunk_tokens=16 * 1024,
         non_torch_single_gpu=NON_TORCH_SINGLE_OLD,
         graphs_in_budget=False,
-        source="0.13.0 sdist (fused-MoE workspace manager); llmd-sweep-v0.15.0/v0.16.0",
+        dense_graph_estimate=True,
+        source="0.13.0 sdist (fused-MoE workspace manager); llmd-sweep-v0.15.0/v0.16.0; "
+        "finetuning-llama-...-rtx6000ada-v0.15.1 (not fitted to)",
     ),
     ReleaseMemoryModel(
         Version(0, 17, 0),
@@ -355,6 +365,7 @@ RELEASE_LINES: Final[tuple[ReleaseMemoryModel, ...]] = (
         moe_chunk_tokens=16 * 1024,
         non_torch_single_gpu=NON_TORCH_SINGLE_OLD,
         graphs_in_budget=False,
+        dense_graph_estimate=True,
         source="0.17.0 sdist (Triton top-k/top-p); llmd-sweep-v0.17.0",
     ),
     ReleaseMemoryModel(
@@ -364,6 +375,7 @@ RELEASE_LINES: Final[tuple[ReleaseMemoryModel, ...]] = (
         moe_chunk_tokens=16 * 1024,
         non_torch_single_gpu=NON_TORCH_SINGLE,
         graphs_in_budget=False,
+        dense_graph_estimate=True,
         source="llmd-sweep-v0.18.0; llmd-v0.19.0-* (17 logs)",
     ),
     ReleaseMemoryModel(
@@ -373,8 +385,22 @@ RELEASE_LINES: Final[tuple[ReleaseMemoryModel, ...]] = (
         moe_chunk_tokens=16 * 1024,
         non_torch_single_gpu=NON_TORCH_SINGLE,
         graphs_in_budget=True,
+        dense_graph_estimate=True,
         source="0.20.0 sdist (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1); no complete "
         "log after 0.19: the rest as 0.19",
+    ),
+    ReleaseMemoryModel(
+        Version(0, 25, 1),
+        SAMPLER_COPIES_TRITON,
+        moe_workspace_persistent=True,
+        moe_chunk_tokens=16 * 1024,
+        non_torch_single_gpu=NON_TORCH_SINGLE,
+        graphs_in_budget=True,
+        dense_graph_estimate=False,
+        source="vllm-project/vllm#44443 (Model Runner V2 the default for dense models) and "
+        "#49224 (its graph estimate is 0); coldstart-recon-qwen3-4b-* (RTX 4090, 0.27.1: "
+        "budget = weights + non-torch + activation + KV, 1.28 GiB of graphs outside); "
+        "issue50159 (0.26.0: 0.10 GiB reserved under MRv2 against 0.20 under MRv1)",
     ),
 )
 
@@ -519,7 +545,8 @@ class GpuMemoryPlan:
     cuda_graphs: int  # the CUDA-graph estimate where the release deducts it, else 0
     kv_cache: int  # what is left; negative when the rest does not fit
     cpu_offload: int = 0
-    # Graph memory captured after the KV cache, outside the budget (releases before 0.20).
+    # Graph memory captured after the KV cache, outside the budget (releases before 0.20,
+    # and dense models on Model Runner V2 from 0.25.1).
     cuda_graphs_outside: int = 0
 
     @property
@@ -552,17 +579,20 @@ def gpu_memory_plan(
     kv_cache_bytes: int | None = None,
     version: Version = TESTED_VERSION,
     nvlink: bool = True,
+    moe: bool = False,
 ) -> GpuMemoryPlan:
     """The budget of one GPU whose card (NVML) total is ``total_bytes``.
 
     ``cuda_graphs``: the CUDA-graph estimate (0 when eager), deducted where the release
-    does. ``kv_cache_bytes`` pins the KV size (``--kv-cache-memory-bytes``).
+    does (for a dense model, ``moe`` False, not from 0.25.1: :class:`ReleaseMemoryModel`).
+    ``kv_cache_bytes`` pins the KV size (``--kv-cache-memory-bytes``).
     """
     line = memory_model(version)
     cuda_total = cuda_total_bytes(total_bytes)
     budget = math.ceil(cuda_total * utilization)
     non_torch = non_torch_bytes(tensor_parallel, nvlink=nvlink, version=version)
-    graphs = cuda_graphs if line.graphs_in_budget else 0
+    in_budget = line.graphs_in_budget and (moe or line.dense_graph_estimate)
+    graphs = cuda_graphs if in_budget else 0
     weights = max(0, weights_per_gpu - cpu_offload_bytes)
     left = budget - weights - non_torch - activations - graphs
     if kv_cache_bytes is None:
@@ -581,5 +611,5 @@ def gpu_memory_plan(
         cuda_graphs=graphs,
         kv_cache=kv,
         cpu_offload=min(cpu_offload_bytes, weights_per_gpu),
-        cuda_graphs_outside=0 if line.graphs_in_budget else cuda_graphs,
+        cuda_graphs_outside=0 if in_budget else cuda_graphs,
     )
