@@ -148,6 +148,12 @@ POINTS: dict[str, Point] = {
     "llmd-v0.19.0-llama-3.3-70b-instruct-fp8-dynamic-h100-tp4-pp1-8192": Point(
         _H100, "0.19.0", assumed="model: the Llama-3.1-70B shape (3.3 shares it), FP8"
     ),
+    "finetuning-llama-llama-3.1-8b-rtx6000ada-v0.15.1": Point(
+        "RTX-6000-Ada",
+        "0.15.1",
+        assumed="model: the Llama-3.1-8B shape (the fine-tune adds one vocabulary row); vLLM "
+        "defaults for utilization (0.9) and max_num_seqs (256 below 70 GiB)",
+    ),
 }
 # Points that failed to start: the tuner must say they do not fit (checked apart from the
 # error distribution: vLLM's KV figure there is a shortfall, not a capacity).
@@ -166,6 +172,10 @@ _V0 = "V0 engine (before vLLM 0.10, which the tuner does not plan for: releases/
 _HYBRID = (
     "hybrid linear-attention model (Qwen3.6 / Kimi-Linear: gated delta-net layers with a "
     "constant-size state): the tuner's architecture has no such layers"
+)
+_LORA = (
+    "LoRA enabled (the adapter slots are inside the logged weights) and the record gives "
+    "neither max_num_seqs nor max_num_batched_tokens"
 )
 EXCLUDED: dict[str, str] = {
     SCOUT: "the tuner's architecture reads neither Llama 4's shared expert nor its vision "
@@ -191,6 +201,17 @@ EXCLUDED: dict[str, str] = {
     "club3090-issue46-qwen3.6-27b-2x4090-tp2": f"{_HYBRID}; a patched nightly",
     "club3090-issue142-qwen3.6-27b-2x3090-tp2": f"{_HYBRID}; a patched nightly",
     "club3090-issue612-qwen3.6-35b-a3b-nvfp4-rtx5090-v0.24.0": f"{_HYBRID}; NVFP4 (modelopt)",
+    "issue50159-qwen2.5-0.5b-rtxpro6000-v0.26.0-mrv2": "the card (RTX PRO 6000 Blackwell, "
+    "96 GB) is not in the tuner's GPU catalog, and the thread gives neither the KV GiB nor "
+    "the weights; kept for its runner A/B (graph reservation 0.20 GiB under MRv1, 0.10 under "
+    "MRv2)",
+    "issue50159-gemma-4-31b-awq-2x3090-tp2-v0.26.0-mrv2": "Gemma 4 (KV shared across layers, "
+    "sliding and global attention) and an int8 per-token-head KV cache: neither is in the "
+    "tuner's architecture; kept for the MRv2 delta (+0.89 GiB of KV against MRv1)",
+    "coldstart-recon-qwen3-4b-lora1-rtx4090-v0.27.1-gmu0.80": f"{_LORA}; checked with its "
+    "logged weights and activation (test_dense_graphs_outside_the_budget_on_model_runner_v2)",
+    "coldstart-recon-qwen3-4b-lora64-rtx4090-v0.27.1-gmu0.80": f"{_LORA}; checked with its "
+    "logged weights and activation (test_dense_graphs_outside_the_budget_on_model_runner_v2)",
 }
 
 
@@ -334,6 +355,64 @@ def test_kv_cache_given_the_logged_weights(point_id: str) -> None:
     )
 
 
+# --- the CUDA-graph estimate on Model Runner V2 -----------------------------------------------
+
+MRV2_POINTS = sorted(p for p in BY_ID if p.startswith("coldstart-recon-qwen3-4b-"))
+
+
+@pytest.mark.parametrize("point_id", MRV2_POINTS)
+def test_dense_graphs_outside_the_budget_on_model_runner_v2(point_id: str) -> None:
+    """From 0.25.1 a dense model runs on Model Runner V2, whose graph estimate is 0: the
+    KV cache is the budget less weights, non-torch memory and activations, and the graphs
+    are captured outside it. Checked with the point's own logged weights (LoRA slots
+    included) and activation peak, so only the split is tested."""
+    entry = BY_ID[point_id]
+    found = catalog.lookup(entry["model"])
+    assert found is not None
+    arch = found.architecture()
+    version = Version.parse(entry["vllm_version"])
+    assert version is not None
+    card = next(m for m in CATALOG if m.name == "RTX-4090").memory_bytes
+    graphs = memory.cuda_graph_bytes(arch, max_num_seqs=256)
+    plan = memory.gpu_memory_plan(
+        total_bytes=card,
+        utilization=entry["gpu_memory_utilization"],
+        weights_per_gpu=int(entry["weights_gib"] * GIB),
+        activations=int(entry["activation_peak_gib"] * GIB),
+        tensor_parallel=1,
+        cuda_graphs=graphs,
+        version=version,
+        moe=False,
+    )
+    assert plan.cuda_graphs == 0
+    assert plan.cuda_graphs_outside == graphs
+    kv = plan.kv_cache / GIB
+    assert abs(kv - entry["kv_cache_gib"]) <= 0.03 * entry["kv_cache_gib"], (
+        f"{point_id}: {kv:.2f} GiB vs {entry['kv_cache_gib']}"
+    )
+    tokens = memory.kv_cache_capacity(
+        plan.kv_cache,
+        arch,
+        kv_dtype_bytes=2,
+        block_size=memory.GPU_BLOCK_SIZE,
+        max_model_len=entry["max_model_len"],
+    ).tokens
+    assert abs(tokens - entry["kv_cache_tokens"]) <= 0.03 * entry["kv_cache_tokens"]
+    # A MoE model on the same release stays on the legacy runner, which deducts it.
+    moe_plan = memory.gpu_memory_plan(
+        total_bytes=card,
+        utilization=entry["gpu_memory_utilization"],
+        weights_per_gpu=int(entry["weights_gib"] * GIB),
+        activations=int(entry["activation_peak_gib"] * GIB),
+        tensor_parallel=1,
+        cuda_graphs=graphs,
+        version=version,
+        moe=True,
+    )
+    assert moe_plan.cuda_graphs == graphs
+    assert moe_plan.kv_cache == plan.kv_cache - graphs
+
+
 # --- the CUDA total --------------------------------------------------------------------------
 
 # (card, the total vLLM printed in GiB, the point or source). The H200's is torch's
@@ -341,6 +420,7 @@ def test_kv_cache_given_the_logged_weights(point_id: str) -> None:
 CUDA_TOTALS: list[tuple[str, float, str]] = [
     ("RTX-3090", 23.58, "issue10517-llama-3.1-8b-rtx3090-mml20000"),
     ("RTX-4090", 23.55, "vllm-project/vllm#13061 (0.98 x total = 23.08)"),
+    ("RTX-4090", 23.52, "coldstart-recon-qwen3-4b-lora1-rtx4090-v0.27.1-gmu0.80"),
     ("RTX-5090", 31.4, "club-3090 log (docs/memory-calibration-sources.md)"),
     ("RTX-A6000", 47.54, "issue10360-qwen2.5-32b-awq-a6000"),
     ("H100-80GB", 79.19, "llmd-v0.19.0-* (17 logs)"),
