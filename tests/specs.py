@@ -115,6 +115,27 @@ GOLDEN_CASES: dict[str, dict[str, Any]] = {
                           "limits": {"ephemeral-storage": "40Gi"}},
         },
     },
+    # LoRA adapters from the three sources: the Hub (with the model's token), a claim
+    # (mounted under /adapters) and the image; one declares a rank above the default.
+    "lora-adapters": {
+        "gpu": {"count": 1, "products": ["NVIDIA-L40S"]},
+        "model": {
+            "name": "llama",
+            "source": {
+                "huggingFace": {
+                    "repo": "meta-llama/Llama-3.1-8B-Instruct",
+                    "tokenSecretRef": {"name": "hf", "key": "token"},
+                }
+            },
+        },
+        "adapters": [
+            {"name": "sql", "source": {"huggingFace": {"repo": "team/llama-sql-lora"}},
+             "rank": 32},
+            {"name": "support", "source": {"pvc": {"claimName": "adapters",
+                                                   "path": "/support-v2"}}},
+            {"name": "tone", "source": {"image": {"path": "/opt/adapters/tone"}}},
+        ],
+    },
 }  # fmt: skip
 
 

@@ -42,6 +42,7 @@ REPO = HERE.parent.parent
 IMAGES = REPO / "devenv" / "images"
 VLLM_SCRIPT = REPO / "scripts" / "vllm-cpu.sh"
 TINY_MODEL_SCRIPT = REPO / "scripts" / "make_tiny_model.py"
+TINY_ADAPTER_SCRIPT = REPO / "scripts" / "make_tiny_adapter.py"
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
 DEBIAN_IMAGE = "localhost/vop-debian:bookworm-minbase"
@@ -251,7 +252,7 @@ def build_pause() -> str:
 def build_vllm(python: str) -> str:
     version = vllm_version()
     src = IMAGES / "vllm-cpu"
-    inputs = [*src.iterdir(), VLLM_SCRIPT, TINY_MODEL_SCRIPT]
+    inputs = [*src.iterdir(), VLLM_SCRIPT, TINY_MODEL_SCRIPT, TINY_ADAPTER_SCRIPT]
     tag = f"localhost/vllm-openai-cpu:v{version}-{_files_digest(inputs, python)}"
     if exists(tag):
         return tag

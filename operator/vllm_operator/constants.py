@@ -71,9 +71,11 @@ LABEL_LOCK_TARGET: Final = f"{GROUP}/lock-target"
 # and mounts may not reuse them.
 MODEL_MOUNT: Final = "/models"
 CACHE_MOUNT: Final = "/cache"
+# Claims holding LoRA adapters are mounted under here, one folder per claim.
+ADAPTER_MOUNT: Final = "/adapters"
 SHM_MOUNT: Final = "/dev/shm"
 OWN_VOLUMES: Final = ("shm", "cache", "model")
-OWN_MOUNTS: Final = (SHM_MOUNT, CACHE_MOUNT, MODEL_MOUNT)
+OWN_MOUNTS: Final = (SHM_MOUNT, CACHE_MOUNT, MODEL_MOUNT, ADAPTER_MOUNT)
 # Resources the operator sets from spec.node and spec.gpu (spec.podTemplate.resources
 # adds others, such as ephemeral-storage or an RDMA device).
 OWN_RESOURCES: Final = ("cpu", "memory", "nvidia.com/gpu")

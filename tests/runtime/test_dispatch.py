@@ -48,10 +48,18 @@ class Calls:
         self.api: Any = None
 
     async def service(
-        self, api: Any, body: Manifest, *, settings: Any, view: Any = None, applied: Any = None
+        self,
+        api: Any,
+        body: Manifest,
+        *,
+        settings: Any,
+        view: Any = None,
+        applied: Any = None,
+        http: Any = None,
     ) -> Outcome:
         self.made.append(("service", body["metadata"]["name"]))
         self.api = api
+        self.http = http
         if self.fail:
             raise self.fail
         return Outcome(ready=True, stalled=False)

@@ -206,6 +206,78 @@ class ModelSpec(ApiModel):
     )
 
 
+# --- LoRA adapters --------------------------------------------------------------------------
+
+ADAPTER_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9._]*[a-z0-9])?$"
+
+
+class AdapterHuggingFaceSource(ApiModel):
+    """An adapter in a Hugging Face repository, downloaded by the vLLM server itself when
+    it loads the adapter (vLLM's loader takes the repository's default branch: it has no
+    revision to pin; pin one by copying the adapter to a volume)."""
+
+    repo: str = Field(
+        min_length=3,
+        max_length=200,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$",
+        description="Repository id, as organisation/name.",
+    )
+    token_secret_ref: SecretKeyReference | None = Field(
+        default=None,
+        description="Secret key holding an access token, set as the server's HF_TOKEN: one "
+        "token serves the model and every adapter, so all that name one must name the same.",
+    )
+
+
+class AdapterSource(ApiModel):
+    """Where an adapter's files (adapter_config.json, adapter_model.safetensors) are:
+    exactly one of huggingFace, pvc, image."""
+
+    hugging_face: AdapterHuggingFaceSource | None = Field(default=None, description="Hugging Face.")
+    pvc: PVCSource | None = Field(
+        default=None,
+        description="A folder on a PersistentVolumeClaim, mounted read-only at "
+        "/adapters/<claimName> (an adapter on a claim the pods do not mount yet rolls them "
+        "out once, to mount it).",
+    )
+    image: ImageSource | None = Field(default=None, description="A folder in the image.")
+
+    model_config = cel_rules(
+        {
+            "rule": "[has(self.huggingFace), has(self.pvc), has(self.image)]"
+            ".filter(x, x).size() == 1",
+            "message": "exactly one of huggingFace, pvc or image must be set",
+        }
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Self:
+        if sum(x is not None for x in (self.hugging_face, self.pvc, self.image)) != 1:
+            raise ValueError("exactly one of huggingFace, pvc or image must be set")
+        return self
+
+
+class Adapter(ApiModel):
+    """A LoRA adapter served on the base model under its own name: a request whose model
+    is this name is answered by the base model with the adapter applied."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=63,
+        pattern=ADAPTER_NAME_PATTERN,
+        description="The model name requests give for this adapter (lower case letters, "
+        "digits, '-', '.', '_'); not the base model's served name.",
+    )
+    source: AdapterSource = Field(description="Where the adapter's files are.")
+    rank: int | None = Field(
+        default=None,
+        ge=1,
+        le=512,
+        description="The adapter's LoRA rank (r in adapter_config.json), for the plan's "
+        "max-lora-rank; an adapter above the rank in force is not loaded.",
+    )
+
+
 # --- GPUs, tuning, node, warmup, autoscaling -----------------------------------------------
 
 # A label value, as nvidia.com/gpu.product carries it (no spaces: GFD writes dashes).
@@ -621,8 +693,8 @@ class PodTemplateOverlay(ApiModel):
     volume_mounts: list[VolumeMount] = Field(
         default_factory=list,
         max_length=16,
-        description="Mounts of those volumes in the vLLM container; not at /dev/shm, /cache or "
-        "/models.",
+        description="Mounts of those volumes in the vLLM container; not at /dev/shm, /cache, "
+        "/models or /adapters.",
     )
     container_security_context: dict[str, Any] | None = Field(
         default=None,
@@ -655,7 +727,7 @@ class PodTemplateOverlay(ApiModel):
                 f"m.mountPath != '{own}' && !m.mountPath.startsWith('{own}/')" for own in OWN_MOUNTS
             )
             + ")",
-            "message": "volumeMounts may not be at or under /dev/shm, /cache or /models",
+            "message": "volumeMounts may not be at or under /dev/shm, /cache, /models or /adapters",
             "fieldPath": ".volumeMounts",
         },
         {
@@ -755,6 +827,70 @@ class InferenceServiceSpec(ApiModel):
     pod_template: PodTemplateOverlay = Field(
         default_factory=PodTemplateOverlay, description="Overlay on the rendered pods."
     )
+    adapters: list[Adapter] = Field(
+        default_factory=list,
+        max_length=64,
+        description="LoRA adapters served on the model, each under its own name. The "
+        "operator loads them into every running server through vLLM's adapter API: adding, "
+        "changing or removing one restarts no pod (the first one, or removing the last, "
+        "does once: vLLM turns LoRA on only at start).",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+
+    model_config = cel_rules(
+        {
+            "rule": "!has(self.adapters) || !has(self.model.name) || "
+            "self.adapters.all(a, a.name != self.model.name)",
+            "message": "an adapter's name must differ from spec.model.name (the base model's "
+            "served name)",
+            "fieldPath": ".adapters",
+        },
+        {
+            "rule": "!has(self.adapters) || size(self.adapters) == 0 || !has(self.tuning) || "
+            "!has(self.tuning.overrides) || !('enable-lora' in self.tuning.overrides) || "
+            "self.tuning.overrides['enable-lora'] != 'false'",
+            "message": "spec.adapters needs LoRA: spec.tuning.overrides.enable-lora is 'false'",
+            "fieldPath": ".adapters",
+        },
+    )
+
+    @model_validator(mode="after")
+    def _adapters(self) -> Self:
+        names = [a.name for a in self.adapters]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"spec.adapters: names given more than once: {', '.join(twice)}")
+        if self.model.name is not None and self.model.name in names:
+            raise ValueError(
+                f"spec.adapters: {self.model.name} is spec.model.name (the base model's "
+                "served name); an adapter needs a name of its own"
+            )
+        if self.adapters and self.tuning.overrides.get("enable-lora") == "false":
+            raise ValueError(
+                "spec.adapters needs LoRA: spec.tuning.overrides.enable-lora is 'false'"
+            )
+        tokens = {
+            (r.name, r.key)
+            for r in [
+                *(
+                    [self.model.source.hugging_face.token_secret_ref]
+                    if self.model.source.hugging_face is not None
+                    else []
+                ),
+                *(
+                    a.source.hugging_face.token_secret_ref
+                    for a in self.adapters
+                    if a.source.hugging_face is not None
+                ),
+            ]
+            if r is not None
+        }
+        if len(tokens) > 1:
+            raise ValueError(
+                "spec.adapters: the model and its Hugging Face adapters must name one "
+                "tokenSecretRef (the server has one HF_TOKEN)"
+            )
+        return self
 
 
 # --- status ------------------------------------------------------------------------------
@@ -910,6 +1046,19 @@ class AutoscalingStatus(ApiModel):
     )
 
 
+class AdapterStatus(ApiModel):
+    """One adapter of spec.adapters on the service's running servers."""
+
+    name: str = Field(description="The adapter's name.")
+    path: str = Field(description="What the servers load it from (lora_path).")
+    loaded_replicas: int = Field(
+        default=0, description="Running servers that have it loaded from that path."
+    )
+    message: str | None = Field(
+        default=None, description="Why it is not loaded everywhere (the server's words)."
+    )
+
+
 class InferenceServiceStatus(ApiModel):
     """Observed state of an InferenceService, computed by the operator."""
 
@@ -918,7 +1067,7 @@ class InferenceServiceStatus(ApiModel):
     )
     conditions: list[Condition] = Field(
         default_factory=list,
-        description="Ready, Reconciling, Stalled, WarmedUp, ScaleDownBlocked.",
+        description="Ready, Reconciling, Stalled, WarmedUp, ScaleDownBlocked, AdaptersLoaded.",
     )
     replicas: int | None = Field(default=None, description="Pods that exist (scale subresource).")
     desired_replicas: int | None = Field(default=None, description="Replicas asked for.")
@@ -939,6 +1088,9 @@ class InferenceServiceStatus(ApiModel):
     )
     autoscaling: AutoscalingStatus | None = Field(
         default=None, description="The autoscaler's last reading and decision."
+    )
+    adapters: list[AdapterStatus] | None = Field(
+        default=None, description="The LoRA adapters of spec.adapters, and where they are loaded."
     )
 
 
@@ -965,3 +1117,13 @@ class InferenceService(ApiModel):
     metadata: ObjectMeta
     spec: InferenceServiceSpec
     status: InferenceServiceStatus | None = None
+
+    @model_validator(mode="after")
+    def _adapter_names_not_the_model(self) -> Self:
+        served = self.spec.model.name or self.metadata.name
+        if any(a.name == served for a in self.spec.adapters):
+            raise ValueError(
+                f"spec.adapters: {served} is the base model's served name (spec.model.name, "
+                "else the InferenceService's name); an adapter needs a name of its own"
+            )
+        return self

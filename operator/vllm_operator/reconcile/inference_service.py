@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
+import httpx
 from pydantic import ValidationError
 
 from vllm_operator.constants import (
@@ -38,6 +39,7 @@ from vllm_operator.models.inference_service import (
     EffectiveTuning,
     WarmupStatus,
 )
+from vllm_operator.reconcile.adapters import sync_adapters
 from vllm_operator.reconcile.benchmark import (
     latest_benchmark,
     list_benchmarks,
@@ -58,7 +60,7 @@ from vllm_operator.reconcile.warmup import (
     list_warmup_jobs,
     read_reports,
 )
-from vllm_operator.render.deployment import build_deployment, gpus_per_replica
+from vllm_operator.render.deployment import build_deployment, gpus_per_replica, hf_token_ref
 from vllm_operator.render.hpa import build_hpa, hpa_name
 from vllm_operator.render.meta import deployment_name, pdb_name, selector_string, service_name
 from vllm_operator.render.pdb import build_pdb
@@ -155,8 +157,7 @@ async def gather(api: ClusterAPI, isvc: InferenceService, view: NodeView | None)
     passes an ``api`` that serves most of these from its watches (runtime/cache.py)."""
     ns = isvc.metadata.namespace
     source = isvc.spec.model.source
-    hf = source.hugging_face
-    ref = hf.token_secret_ref if hf is not None else None
+    ref = hf_token_ref(isvc)
     names = _child_names(isvc)
     (nodes, token_secret, claim, hpa), children = await asyncio.gather(
         asyncio.gather(
@@ -241,24 +242,26 @@ def find_problems(
     """What keeps the spec from being served, each with a reason a user can act on."""
     problems: list[Problem] = []
     ns = isvc.metadata.namespace
-    hf = isvc.spec.model.source.hugging_face
-    if hf is not None and hf.token_secret_ref is not None:
-        ref = hf.token_secret_ref
+    ref = hf_token_ref(isvc)
+    if ref is not None:
+        hf = isvc.spec.model.source.hugging_face
+        where = (
+            "spec.model.source.huggingFace.tokenSecretRef"
+            if hf is not None and hf.token_secret_ref is not None
+            else "spec.adapters[].source.huggingFace.tokenSecretRef"
+        )
         secret = snap.token_secret
         if secret is None:
             problems.append(
                 Problem(
                     "SecretNotFound",
-                    f"Secret {ref.name} named in spec.model.source.huggingFace.tokenSecretRef "
-                    f"does not exist in namespace {ns}.",
+                    f"Secret {ref.name} named in {where} does not exist in namespace {ns}.",
                 )
             )
         elif ref.key not in (secret.get("data") or {}) | (secret.get("stringData") or {}):
             problems.append(
                 Problem(
-                    "SecretKeyNotFound",
-                    f"Secret {ref.name} has no key {ref.key} "
-                    "(spec.model.source.huggingFace.tokenSecretRef.key).",
+                    "SecretKeyNotFound", f"Secret {ref.name} has no key {ref.key} ({where}.key)."
                 )
             )
     pvc = isvc.spec.model.source.pvc
@@ -541,15 +544,18 @@ async def _events(
     old: InferenceServiceStatus | None,
     new: InferenceServiceStatus,
 ) -> None:
-    """Events on transitions only: Ready changing, or a new reason to be Stalled."""
+    """Events on transitions only: Ready changing, a new reason to be Stalled, or a new
+    reason an adapter did not load."""
     before = old.conditions if old else []
-    for type_ in ("Ready", "Stalled"):
+    for type_ in ("Ready", "Stalled", "AdaptersLoaded"):
         was, now = find(before, type_), find(new.conditions, type_)
         if now is None or (
             was is not None and (was.status, was.reason) == (now.status, now.reason)
         ):
             continue
         if type_ == "Stalled" and now.status != "True":
+            continue
+        if type_ == "AdaptersLoaded" and (now.status == "True" or now.reason == "Loading"):
             continue
         if type_ == "Ready" and was is None and now.status != "True":
             continue
@@ -569,12 +575,14 @@ async def reconcile_inference_service(
     now: datetime | None = None,
     view: NodeView | None = None,
     applied: AppliedMemo | None = None,
+    http: httpx.AsyncClient | None = None,
 ) -> Outcome:
     """Bring one InferenceService's children and status to what its spec asks for.
 
     ``view``: the runtime's Nodes and GPUNodes (listed afresh when not given);
     ``applied``: the runtime's memo of what it applied (every child is applied when not
-    given)."""
+    given); ``http``: the client that reaches the vLLM servers, to load their LoRA
+    adapters (none: the adapters are counted as not loaded)."""
     now = (now or datetime.now(UTC)).replace(microsecond=0)
     try:
         isvc = InferenceService.model_validate(body)
@@ -583,7 +591,7 @@ async def reconcile_inference_service(
         return Outcome(ready=False, stalled=True)
     try:
         return await _reconcile(
-            api, body, isvc, settings=settings, now=now, view=view, applied=applied
+            api, body, isvc, settings=settings, now=now, view=view, applied=applied, http=http
         )
     except ApiError:
         raise  # the runtime retries the transient ones with back-off
@@ -631,12 +639,15 @@ async def _reconcile(
     now: datetime,
     view: NodeView | None,
     applied: AppliedMemo | None,
+    http: httpx.AsyncClient | None = None,
 ) -> Outcome:
     ns = isvc.metadata.namespace
     snap = await gather(api, isvc, view)
     decision = decide(isvc, snap, settings, now)
     deployment, rejected = await _apply_children(api, isvc, decision, snap.live, applied)
     await apply_writes(api, decision.warmup.writes)
+    # The adapters of spec.adapters into every server that answers, none restarted.
+    adapters = await sync_adapters(http, isvc, decision.tuning, snap.pods)
 
     problems = decision.problems + rejected
     warm = decision.warmup.seen
@@ -657,6 +668,7 @@ async def _reconcile(
         warmup_failures=warm.failures,
         scale_down_blocked_by=decision.scale_down_blocked_by,
         last_benchmark=decision.last_benchmark,
+        adapters=adapters,
     )
     status = compute_status(isvc, observed, now=now)
     old = _stored_status(body)

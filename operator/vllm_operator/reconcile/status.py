@@ -18,6 +18,7 @@ from vllm_operator.models.inference_service import (
     EffectiveTuning,
     WarmupStatus,
 )
+from vllm_operator.reconcile.adapters import AdaptersObserved
 from vllm_operator.reconcile.conditions import condition, pod_condition
 from vllm_operator.reconcile.pods import pod_problem
 from vllm_operator.render.deployment import served_model_name
@@ -48,6 +49,8 @@ class Observed:
     warmed: int | None = None
     warmup_failures: list[str] = field(default_factory=list)
     last_benchmark: BenchmarkSummary | None = None
+    # The LoRA adapters on the running servers, when the plan has LoRA on.
+    adapters: AdaptersObserved | None = None
 
 
 def _live(pods: list[Manifest]) -> list[Manifest]:
@@ -165,6 +168,9 @@ def compute_status(
             else "Replicas may go down.",
         ),
     ]
+    if observed.adapters is not None:
+        seen = observed.adapters
+        conditions.append(cond("AdaptersLoaded", seen.ok, seen.reason, seen.message))
     deployment_status = (observed.deployment or {}).get("status", {})
     last_benchmark = observed.last_benchmark
     return InferenceServiceStatus(
@@ -180,4 +186,5 @@ def compute_status(
         tuning=observed.tuning,
         warmup=observed.warmup,
         last_benchmark=last_benchmark,
+        adapters=observed.adapters.statuses if observed.adapters is not None else None,
     )

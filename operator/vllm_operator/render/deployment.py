@@ -14,6 +14,7 @@ import math
 from typing import Final
 
 from vllm_operator.constants import (
+    ADAPTER_MOUNT,
     CACHE_MOUNT,
     GPU_RESOURCE,
     MODEL_MOUNT,
@@ -23,11 +24,12 @@ from vllm_operator.constants import (
     WARMED_UP_CONDITION,
 )
 from vllm_operator.models import InferenceService
-from vllm_operator.models.base import Manifest
+from vllm_operator.models.base import Manifest, SecretKeyReference
 from vllm_operator.models.inference_service import EffectiveTuning, PlannedPod
 from vllm_operator.models.quantity import format_mebibytes, to_bytes
 from vllm_operator.releases.arguments import arguments_for, release_flags
 from vllm_operator.releases.version import TESTED_VERSION, Version
+from vllm_operator.render.adapters import adapter_claims
 from vllm_operator.render.meta import (
     SERVER_PORT,
     SERVER_PORT_NAME,
@@ -110,17 +112,12 @@ def _env(
         {"name": "VLLM_CACHE_ROOT", "value": f"{CACHE_MOUNT}/vllm"},
         {"name": "HF_HOME", "value": f"{CACHE_MOUNT}/huggingface"},
     ]
-    hf = isvc.spec.model.source.hugging_face
-    if hf is not None and hf.token_secret_ref is not None:
+    token = hf_token_ref(isvc)
+    if token is not None:
         env.append(
             {
                 "name": "HF_TOKEN",
-                "valueFrom": {
-                    "secretKeyRef": {
-                        "name": hf.token_secret_ref.name,
-                        "key": hf.token_secret_ref.key,
-                    }
-                },
+                "valueFrom": {"secretKeyRef": {"name": token.name, "key": token.key}},
             }
         )
     if pod.cpu_pinning:
@@ -137,6 +134,19 @@ def _env(
         + [e for e in planned if e["name"] not in user_names]
         + user
     )
+
+
+def hf_token_ref(isvc: InferenceService) -> SecretKeyReference | None:
+    """The one Hub token of the server: the model's, else its Hub adapters' (the models
+    refuse two different ones)."""
+    hf = isvc.spec.model.source.hugging_face
+    if hf is not None and hf.token_secret_ref is not None:
+        return hf.token_secret_ref
+    for adapter in isvc.spec.adapters:
+        source = adapter.source.hugging_face
+        if source is not None and source.token_secret_ref is not None:
+            return source.token_secret_ref
+    return None
 
 
 def _with_extra_resources(resources: Manifest, isvc: InferenceService) -> Manifest:
@@ -242,6 +252,16 @@ def _volumes(isvc: InferenceService, pod: PlannedPod) -> tuple[list[Manifest], l
             }
         )
         mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
+    for index, claim in enumerate(adapter_claims(isvc)):
+        volumes.append(
+            {
+                "name": f"adapters-{index}",
+                "persistentVolumeClaim": {"claimName": claim, "readOnly": True},
+            }
+        )
+        mounts.append(
+            {"name": f"adapters-{index}", "mountPath": f"{ADAPTER_MOUNT}/{claim}", "readOnly": True}
+        )
     overlay = isvc.spec.pod_template
     volumes += [dict(v) for v in overlay.volumes]
     mounts += [m.to_wire() for m in overlay.volume_mounts]

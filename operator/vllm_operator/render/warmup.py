@@ -23,6 +23,7 @@ from vllm_operator.constants import (
 from vllm_operator.models import InferenceService
 from vllm_operator.models.base import Manifest
 from vllm_operator.models.inference_service import EffectiveTuning
+from vllm_operator.render.adapters import loadable
 from vllm_operator.render.deployment import served_model_name
 from vllm_operator.render.meta import SERVER_PORT, restricted_security_context
 
@@ -94,6 +95,7 @@ def build_warmup_job(
             "--budget",
             str(warmup.timeout_seconds),
             *_plan_args(tuning),
+            *(f"--adapter={name}={path}" for name, path in loadable(isvc, tuning)),
         ],
         "resources": resources,
         "terminationMessagePolicy": "File",

@@ -269,6 +269,7 @@ class Runtime:
                     settings=self.settings,
                     view=self.node_view(),
                     applied=self.applied.setdefault((namespace, name), {}),
+                    http=self.http,
                 )
             except ApiError as err:
                 if err.namespace_terminating:

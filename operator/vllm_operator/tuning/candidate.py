@@ -15,7 +15,7 @@ import math
 from typing import Final, Literal
 
 from vllm_operator.models.gpu_node import LinkKind
-from vllm_operator.tuning import quantization
+from vllm_operator.tuning import lora, quantization
 from vllm_operator.tuning.architecture import Architecture
 from vllm_operator.tuning.args import Setting
 from vllm_operator.tuning.gpus import GPUProfile
@@ -306,10 +306,16 @@ def candidate(ask: Ask, g: GpuChoices, tp: int, pp: int) -> Candidate | None:
     if g.eager.value != "true":
         graphs = cuda_graph_bytes(arch, max_num_seqs=g.seqs_target, pipeline_parallel=pp)
     offload = int((ask.pins.cpu_offload_gb or 0) * 10**9)
+    # LoRA slots are allocated at start, before vLLM profiles: static, like the weights.
+    lora_slots = (
+        lora.gpu_bytes_per_gpu(arch, ask.lora, dtype_bytes=g.dtype_bytes, tensor_parallel=tp)
+        if ask.lora is not None
+        else 0
+    )
     memory = gpu_memory_plan(
         total_bytes=gpu.memory_bytes,
         utilization=util,
-        weights_per_gpu=math.ceil(weights / (tp * pp)),
+        weights_per_gpu=math.ceil(weights / (tp * pp)) + lora_slots,
         activations=act,
         tensor_parallel=tp,
         cuda_graphs=graphs,

@@ -39,6 +39,7 @@ ranks the plans of several GPU sets.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
@@ -59,6 +60,14 @@ from vllm_operator.tuning.args import Setting, apply_overrides, read_overrides
 from vllm_operator.tuning.candidate import Candidate, GpuChoices, decode_estimate, gpu_choices
 from vllm_operator.tuning.choose import choose_tp
 from vllm_operator.tuning.gpus import GPUProfile, match_product
+from vllm_operator.tuning.lora import (
+    DeclaredAdapter,
+    LoRAAsk,
+    LoRAPlan,
+    gpu_bytes_per_gpu,
+    plan_lora,
+    runtime_updating_env,
+)
 from vllm_operator.tuning.memory import GIB
 from vllm_operator.tuning.performance import (
     MEASURED_EFFICIENCY,
@@ -241,6 +250,13 @@ def _plan(ask: Ask, gpu: GPUProfile) -> Plan | DoesNotFit:
                 "chooses the PCIe path itself",
             )
         )
+    if ask.lora is not None:
+        arguments += ask.lora.settings
+        slots = gpu_bytes_per_gpu(arch, ask.lora, dtype_bytes=g.dtype_bytes, tensor_parallel=c.tp)
+        notes.append(
+            f"LoRA: {ask.lora.max_loras} adapter slots of rank {ask.lora.max_rank} take "
+            f"{gib(slots)} on each GPU, counted with the weights (out of the KV cache)"
+        )
     if ask.pins.unreadable:
         notes.append(
             "overrides the planner could not read (passed to vLLM as written; predictions "
@@ -330,7 +346,8 @@ def _plan(ask: Ask, gpu: GPUProfile) -> Plan | DoesNotFit:
         tensor_parallel_size=c.tp,
         pipeline_parallel_size=c.pp,
         arguments=tuple(final_args),
-        environment=tuple(_environment(g, c)),
+        environment=tuple(_environment(g, c))
+        + ((runtime_updating_env(),) if ask.lora is not None else ()),
         pod=pod_plan(ask, c, load.seconds, math.ceil(c.weights / c.gpus_count)),
         memory=c.memory,
         kv_cache=kv,
@@ -354,9 +371,10 @@ def plan(
     replicas: int = 1,
     downloads_weights: bool = False,
     vllm_version: Version = TESTED_VERSION,
+    lora: LoRAAsk | None = None,
 ) -> Plan | DoesNotFit:
     """Plan one replica of ``model`` on the GPU set ``gpu`` for vLLM ``vllm_version``
-    (its memory model: tuning/memory.py)."""
+    (its memory model: tuning/memory.py); ``lora``: serve LoRA adapters (tuning/lora.py)."""
     tuning = tuning or TuningSpec()
     workload = workload or Workload()
     replicas = max(1, replicas)
@@ -380,8 +398,28 @@ def plan(
         prompt_p99=length_quantile(workload.prompt_tokens, 0.99)
         if workload.prompt_tokens
         else None,
+        lora=_lora_plan(lora, tuning.overrides),
     )
     return _plan(ask, gpu)
+
+
+def _lora_plan(lora: LoRAAsk | None, overrides: Mapping[str, str]) -> LoRAPlan | None:
+    """The LoRA capacity planned, with the overridden values in force for its memory
+    (the overridden arguments themselves are marked as overrides with the others)."""
+    if lora is None:
+        return None
+    planned = plan_lora(lora)
+
+    def pinned(flag: str, planned_value: int) -> int:
+        value = overrides.get(flag, "")
+        return int(value) if value.isdigit() else planned_value
+
+    return dataclasses.replace(
+        planned,
+        max_loras=pinned("max-loras", planned.max_loras),
+        max_rank=pinned("max-lora-rank", planned.max_rank),
+        max_cpu_loras=pinned("max-cpu-loras", planned.max_cpu_loras),
+    )
 
 
 def _rank(result: Plan) -> tuple[int, float, int, str]:
@@ -406,6 +444,14 @@ def _matches(products: Sequence[str], gpu: GPUProfile) -> bool:
     return False
 
 
+def lora_ask(spec: InferenceServiceSpec) -> LoRAAsk | None:
+    """LoRA is on when adapters are declared, or when spec.tuning.overrides turns it on
+    (to keep it on, with no restart, while the last adapter is removed)."""
+    if not spec.adapters and spec.tuning.overrides.get("enable-lora", "").lower() != "true":
+        return None
+    return LoRAAsk(tuple(DeclaredAdapter(a.name, a.rank) for a in spec.adapters))
+
+
 def spec_only(spec: InferenceServiceSpec, message: str) -> SpecOnly:
     """The spec's own settings, unplanned: GPU count, dtype, quantization, overrides."""
     proposed: list[Setting] = []
@@ -421,6 +467,9 @@ def spec_only(spec: InferenceServiceSpec, message: str) -> SpecOnly:
             q.method, q.method.lower()
         )
         proposed.append(Setting("quantization", method, "Spec", "spec.model.quantization"))
+    lora = lora_ask(spec)
+    if lora is not None:
+        proposed += plan_lora(lora).settings
     node = spec.node
     pod = PlannedPod(
         shm_size=None if node.shm_size == "auto" else node.shm_size,
@@ -434,6 +483,7 @@ def spec_only(spec: InferenceServiceSpec, message: str) -> SpecOnly:
         tuple(apply_overrides(proposed, spec.tuning.overrides)),
         gpus=spec.gpu.count if isinstance(spec.gpu.count, int) else 1,
         pod=pod,
+        environment=(runtime_updating_env(),) if lora is not None else (),
     )
 
 
@@ -509,6 +559,7 @@ def _plan_service(
             replicas=spec.replicas,
             downloads_weights=hf,
             vllm_version=version,
+            lora=lora_ask(spec),
         )
         for g in _unique(candidates)
     ]

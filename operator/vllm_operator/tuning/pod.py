@@ -7,12 +7,13 @@ from __future__ import annotations
 from typing import Literal
 
 from vllm_operator.models.quantity import to_bytes
+from vllm_operator.tuning import lora
 from vllm_operator.tuning.args import Setting
 from vllm_operator.tuning.candidate import Candidate
 from vllm_operator.tuning.memory import GIB
 from vllm_operator.tuning.request import Ask
 from vllm_operator.tuning.results import PodPlan, gib_quantity
-from vllm_operator.tuning.units import round_up
+from vllm_operator.tuning.units import gib, round_up
 
 __all__ = ["pod_plan", "spec_bytes"]
 
@@ -79,7 +80,12 @@ def pod_plan(ask: Ask, c: Candidate, load_seconds: float, weights_per_gpu: int) 
         reasons.append(Setting("memory", node.memory, "Spec", "spec.node.memory"))
     else:
         offload = int((ask.pins.cpu_offload_gb or 0) * 10**9) * gpus
-        memory = round_up(4 * GIB + 3 * GIB * gpus + offload, GIB)
+        adapters = (
+            lora.host_bytes(ask.model.architecture, ask.lora, dtype_bytes=c.dtype_bytes)
+            if ask.lora is not None
+            else 0
+        )
+        memory = round_up(4 * GIB + 3 * GIB * gpus + offload + adapters, GIB)
         reasons.append(
             Setting(
                 "memory",
@@ -88,6 +94,12 @@ def pod_plan(ask: Ask, c: Candidate, load_seconds: float, weights_per_gpu: int) 
                 "4 GiB for the API server and engine core, 3 GiB per GPU worker (torch, CUDA "
                 "runtime, load staging)"
                 + (", plus the CPU-offloaded weights" if offload else "")
+                + (
+                    f", plus {gib(adapters)} for the {ask.lora.max_cpu_loras} LoRA adapters "
+                    "cached in host memory"
+                    if ask.lora is not None
+                    else ""
+                )
                 + "; weights are memory-mapped (page cache), not copied; /dev/shm comes on top",
             )
         )

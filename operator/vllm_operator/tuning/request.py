@@ -22,6 +22,7 @@ from vllm_operator.tuning import architecture as arch_mod
 from vllm_operator.tuning import catalog, quantization
 from vllm_operator.tuning.architecture import Architecture, ArchitectureError
 from vllm_operator.tuning.args import Pins
+from vllm_operator.tuning.lora import LoRAPlan
 from vllm_operator.tuning.quantization import UNQUANTIZED, WeightFormat
 from vllm_operator.tuning.results import ModelInput
 from vllm_operator.tuning.units import round_up
@@ -122,6 +123,8 @@ class Ask:
     prompt_p99: int | None = None  # the workload's p99 prompt length (TTFT P99)
     # The vLLM release planned for: its memory model (tuning/memory.py) differs by release.
     vllm_version: Version = TESTED_VERSION
+    # LoRA capacity when adapters are served (tuning/lora.py), with the overrides' values.
+    lora: LoRAPlan | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -170,6 +170,8 @@ class SpecOnly:
     pod: PlannedPod = dataclasses.field(default_factory=PlannedPod)
     notes: tuple[str, ...] = ()
     vllm_version: str | None = None
+    # Environment the spec alone calls for (LoRA's runtime updating).
+    environment: tuple[Setting, ...] = ()
     kind: Literal["SpecOnly"] = "SpecOnly"
 
     def effective_tuning(self) -> EffectiveTuning:
@@ -181,6 +183,7 @@ class SpecOnly:
             gpus_per_replica=tp_value if tp_value is not None else self.gpus,
             tensor_parallel_size=tp_value,
             arguments=[a.to_effective() for a in self.arguments],
+            environment=[e.to_effective() for e in self.environment],
             pod=self.pod,
             notes=[self.message, *self.notes],
         )

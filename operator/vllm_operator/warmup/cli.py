@@ -102,6 +102,16 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="completions, chat or both (default: both)",
     )
     parser.add_argument(
+        "--adapter",
+        dest="adapters",
+        action="append",
+        type=_adapter,
+        default=[],
+        metavar="NAME=PATH",
+        help="a LoRA adapter to load before warming up, and to send one request through "
+        "(repeatable)",
+    )
+    parser.add_argument(
         "--termination-log",
         default=DEFAULT_TERMINATION_LOG,
         help="where to write the compact report ('' for nowhere; default: %(default)s)",
@@ -112,6 +122,13 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log each step")
     parser.set_defaults(func=run_from_args)
     return parser
+
+
+def _adapter(text: str) -> tuple[str, str]:
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=PATH")
+    return name, path
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -149,6 +166,7 @@ def run_from_args(args: argparse.Namespace) -> int:
             max_tokens=args.max_tokens,
             max_concurrency=args.max_concurrency,
             apis=args.apis,
+            adapters=tuple(args.adapters),
         )
     except ValidationError as exc:
         print(f"vllm-operator warmup: invalid arguments: {exc}", file=sys.stderr)

@@ -93,6 +93,12 @@ class WarmupReport(BaseModel):
     budget_s: float
     failures: list[Failure] = Field(default_factory=list, description="the first few")
     requests: list[RequestResult] = Field(default_factory=list)
+    adapters_loaded: list[str] = Field(
+        default_factory=list, description="LoRA adapters loaded before the warmup"
+    )
+    adapter_failures: dict[str, str] = Field(
+        default_factory=dict, description="adapters that did not load, with the server's words"
+    )
 
     @property
     def succeeded(self) -> bool:
@@ -111,8 +117,15 @@ class WarmupReport(BaseModel):
             assert isinstance(failures, list)
             data["failures"] = failures[:-1]
             text = json.dumps(data, separators=(",", ":"))
+        if len(text.encode()) > TERMINATION_MESSAGE_LIMIT and data.get("adapter_failures"):
+            # The operator's own pass reads each server's adapters: only the names matter.
+            failed = data["adapter_failures"]
+            assert isinstance(failed, dict)
+            data["adapter_failures"] = dict.fromkeys(failed, "")
+            text = json.dumps(data, separators=(",", ":"))
         if len(text.encode()) > TERMINATION_MESSAGE_LIMIT:
             data["message"] = str(data["message"])[:512]
+            data["adapters_loaded"] = []
             text = json.dumps(data, separators=(",", ":"))
         return text
 

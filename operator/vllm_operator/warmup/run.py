@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
+from vllm_operator.servers.adapters import AdapterApiError, load_adapter
 from vllm_operator.warmup.report import (
     Api,
     Failure,
@@ -80,6 +81,8 @@ class WarmupOptions(BaseModel):
     max_tokens: int = Field(default=8, ge=1)
     max_concurrency: int = Field(default=16, ge=1)
     apis: tuple[Api, ...] = (Api.COMPLETIONS, Api.CHAT)
+    # LoRA adapters to load before the warmup, (name, path) each; each gets one request.
+    adapters: tuple[tuple[str, str], ...] = ()
 
     def plan_inputs(self, max_model_len: int) -> PlanInputs:
         return PlanInputs(
@@ -121,6 +124,8 @@ class _Runner:
         self.settled = False
         self.in_flight: dict[int, tuple[str, float]] = {}
         self.serial = 0
+        self.adapters_loaded: list[str] = []
+        self.adapter_failures: dict[str, str] = {}
 
     # ---- stages -------------------------------------------------------------------------
 
@@ -128,9 +133,16 @@ class _Runner:
         await self._wait_healthy()
         self.stage = "discovery"
         plan = await self._discover()
+        if self.options.adapters:
+            self.stage = "adapters"
+            await self._load_adapters()
         self.stage = "probe"
         self.cold_ttft = (await self._send(plan.probe, phase="probe", concurrency=1)).ttft_s
         self._check_failures()
+        for name in self.adapters_loaded:
+            # One request through each adapter: its kernels and weights are warm too.
+            await self._send(plan.probe, phase="adapter", concurrency=1, model=name)
+            self._check_failures()
         self.stage = "sweep"
         for step in plan.steps:
             logger.info("Sending warmup step %s (%d requests)", step.name, step.concurrency)
@@ -188,6 +200,21 @@ class _Runner:
         )
         return build_plan(self.options.plan_inputs(max_model_len))
 
+    async def _load_adapters(self) -> None:
+        """Load every adapter of the service before the server counts as warmed up. One
+        that fails to load is reported and left out: the base model still serves, and the
+        operator's status names the adapter and the server's words."""
+        endpoint = str(self.client.base_url).rstrip("/")
+        for name, path in self.options.adapters:
+            try:
+                await load_adapter(self.client, endpoint, name, path)
+            except AdapterApiError as err:
+                logger.warning("Loading adapter %s from %s failed: %s", name, path, err)
+                self.adapter_failures[name] = str(err)[:_MAX_ERROR_CHARS]
+                continue
+            logger.info("Loaded adapter %s from %s", name, path)
+            self.adapters_loaded.append(name)
+
     async def _get_json(self, path: str) -> dict[str, Any]:
         try:
             response = await self.client.get(path)
@@ -226,12 +253,14 @@ class _Runner:
 
     # ---- requests -----------------------------------------------------------------------
 
-    async def _send(self, spec: RequestSpec, *, phase: str, concurrency: int) -> RequestResult:
+    async def _send(
+        self, spec: RequestSpec, *, phase: str, concurrency: int, model: str | None = None
+    ) -> RequestResult:
         serial = self.serial
         self.serial += 1
         text = prompt_text(spec.prompt_tokens, tokens_per_word=self.tokens_per_word, serial=serial)
         body: dict[str, Any] = {
-            "model": self.model,
+            "model": model or self.model,
             "max_tokens": self.options.max_tokens,
             "temperature": 0.0,
             "stream": spec.stream,
@@ -354,6 +383,10 @@ class _Runner:
                 f"{time.monotonic() - self.started:.1f}s: cold TTFT {_fmt(self.cold_ttft)}, "
                 f"warm TTFT {_fmt(warm)}"
             )
+            if self.options.adapters:
+                message += f"; {len(self.adapters_loaded)} of {len(opts.adapters)} adapters loaded"
+                if self.adapter_failures:
+                    message += " (not: " + ", ".join(sorted(self.adapter_failures)) + ")"
         return WarmupReport(
             outcome=outcome,
             message=message,
@@ -369,6 +402,8 @@ class _Runner:
             budget_s=opts.budget_s,
             failures=self.failures,
             requests=self.results,
+            adapters_loaded=self.adapters_loaded,
+            adapter_failures=self.adapter_failures,
         )
 
     def _warm_ttft(self) -> float | None:

@@ -1,0 +1,1 @@
+"""Clients of the vLLM servers the operator runs (their HTTP API, not Kubernetes')."""
