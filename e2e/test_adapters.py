@@ -23,7 +23,7 @@ from devenv.cluster.cluster import ClusterHandle
 from devenv.cluster.processes import wait_until
 from devenv.dev import service_url
 from e2e.real_node_fixtures import ChartOperator
-from e2e.test_real_node import SAMPLE
+from e2e.test_real_node import SAMPLE, server_pod
 from vllm_operator.constants import LABEL_SERVICE, LABEL_WARMUP_FOR
 
 NAME = "tiny-lora"
@@ -61,21 +61,9 @@ def _condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
     return {}
 
 
-def _server(cluster: ClusterHandle, ns: str) -> dict[str, Any]:
-    pods = cluster.kubectl_json("get", "pods", "-n", ns, "-l", f"{LABEL_SERVICE}={NAME}")
-    servers = [
-        p
-        for p in pods["items"]
-        if LABEL_WARMUP_FOR not in p["metadata"]["labels"]
-        and not p["metadata"].get("deletionTimestamp")
-    ]
-    assert len(servers) == 1, [p["metadata"]["name"] for p in servers]
-    return servers[0]
-
-
 def _identity(cluster: ClusterHandle, ns: str) -> tuple[str, int, int]:
     """(the server pod's uid, its container restarts, the Deployment's generation)."""
-    pod = _server(cluster, ns)
+    pod = server_pod(cluster, ns, NAME)
     [deployment] = cluster.kubectl_json(
         "get", "deployments", "-n", ns, "-l", f"{LABEL_SERVICE}={NAME}"
     )["items"]

@@ -121,8 +121,9 @@ def served(cluster: ClusterHandle, chart_operator: ChartOperator) -> Iterator[st
                         check=False, timeout=130)  # fmt: skip
 
 
-def _server_pod(cluster: ClusterHandle, ns: str) -> dict[str, Any]:
-    pods = cluster.kubectl_json("get", "pods", "-n", ns, "-l", f"{SERVICE_LABEL}=tiny-chat")
+def server_pod(cluster: ClusterHandle, ns: str, service: str = "tiny-chat") -> dict[str, Any]:
+    """The one live server pod of an InferenceService (its warmup Jobs' pods left out)."""
+    pods = cluster.kubectl_json("get", "pods", "-n", ns, "-l", f"{SERVICE_LABEL}={service}")
     servers = [
         p
         for p in pods["items"]
@@ -141,7 +142,7 @@ def test_a_service_is_served_by_a_real_vllm_container_after_a_real_warmup(
         "get", "deployments", "-n", ns, "-l", f"{SERVICE_LABEL}=tiny-chat"
     )["items"][0]
     rendered = deployment["spec"]["template"]["spec"]["containers"][0]
-    server = _server_pod(cluster, ns)
+    server = server_pod(cluster, ns)
     pod_name = server["metadata"]["name"]
 
     # The serving image ran, on the real node, with the operator's arguments untouched.
@@ -361,7 +362,7 @@ def test_deleting_the_pod_lets_the_streams_in_flight_finish(
     """The drain as the real kubelet runs it: the preStop delay while the Service stops
     routing to the pod, then SIGTERM, then vLLM's --shutdown-timeout for what it holds."""
     ns = served
-    server = _server_pod(cluster, ns)
+    server = server_pod(cluster, ns)
     name = server["metadata"]["name"]
     url = service_url(cluster, ns, "tiny-chat")
     streams = Streams(url, "tiny-llama", count=4, tokens=TOKENS)

@@ -24,13 +24,11 @@ import dataclasses
 import hashlib
 import json
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_tiny_model import SHAPES
+from make_tiny_model import SHAPES, write_folder
 
 GENERATOR_VERSION = 1
 
@@ -117,20 +115,7 @@ def make(name: str, *, root: Path, force: bool = False) -> Path:
     target = root / adapter_key(name, shape)
     if (target / "adapter_config.json").is_file() and not force:
         return target
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
-    try:
-        _write(tmp, shape)
-        tmp.chmod(0o755)
-        for path in tmp.iterdir():
-            path.chmod(0o644)
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-    return target
+    return write_folder(target, lambda tmp: _write(tmp, shape))
 
 
 def main(argv: list[str] | None = None) -> int:

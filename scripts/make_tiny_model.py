@@ -33,6 +33,7 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -172,18 +173,35 @@ def _write_model(out: Path, shape: Shape, *, bos_id: int, eos_id: int, pad_id: i
     model.save_pretrained(out, safe_serialization=True)
 
 
+def write_folder(target: Path, fill: Callable[[Path], None]) -> Path:
+    """Write a folder with ``fill`` beside ``target`` and rename it into place, so that a
+    crash never leaves a half-written folder a later run would take for a complete one;
+    readable by every user (the servers that read it run as others)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        fill(tmp)
+        # mkdtemp makes a private folder.
+        tmp.chmod(0o755)
+        for path in tmp.iterdir():
+            path.chmod(0o644)
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return target
+
+
 def make(name: str, *, root: Path, force: bool = False) -> Path:
     """Write model ``name`` under ``root`` unless it is there already; return its folder."""
     shape = SHAPES[name]
     target = root / model_key(name, shape)
-    done = target / "tiny-model.json"
-    if done.is_file() and not force:
+    if (target / "tiny-model.json").is_file() and not force:
         return target
-    root.mkdir(parents=True, exist_ok=True)
-    # Write beside the target and rename, so a crash never leaves a half-written model that
-    # a later run would take for a complete one.
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
-    try:
+
+    def fill(tmp: Path) -> None:
         tokens = _write_tokenizer(tmp, shape)
         if tokens > shape.vocab_size:
             raise RuntimeError(f"tokenizer has {tokens} tokens, config only {shape.vocab_size}")
@@ -206,17 +224,8 @@ def make(name: str, *, root: Path, force: bool = False) -> Path:
             "seed": SEED,
         }
         (tmp / "tiny-model.json").write_text(json.dumps(info, indent=2) + "\n")
-        # mkdtemp makes a private folder; the model is read by servers run as other users.
-        tmp.chmod(0o755)
-        for path in tmp.iterdir():
-            path.chmod(0o644)
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-    return target
+
+    return write_folder(target, fill)
 
 
 def main(argv: list[str] | None = None) -> int:

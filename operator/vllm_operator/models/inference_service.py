@@ -34,15 +34,22 @@ from vllm_operator.models.workload import SLO, Workload
 # --- model --------------------------------------------------------------------------------
 
 
-class HuggingFaceSource(ApiModel):
-    """Weights downloaded from a Hugging Face repository when the pod starts."""
-
-    repo: str = Field(
+# A Hugging Face repository id, organisation/name (the model's and the adapters').
+HubRepo = Annotated[
+    str,
+    Field(
         min_length=3,
         max_length=200,
         pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$",
         description="Repository id, as organisation/name.",
-    )
+    ),
+]
+
+
+class HuggingFaceSource(ApiModel):
+    """Weights downloaded from a Hugging Face repository when the pod starts."""
+
+    repo: HubRepo
     revision: str = Field(
         default="main",
         min_length=1,
@@ -216,12 +223,7 @@ class AdapterHuggingFaceSource(ApiModel):
     it loads the adapter (vLLM's loader takes the repository's default branch: it has no
     revision to pin; pin one by copying the adapter to a volume)."""
 
-    repo: str = Field(
-        min_length=3,
-        max_length=200,
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$",
-        description="Repository id, as organisation/name.",
-    )
+    repo: HubRepo
     token_secret_ref: SecretKeyReference | None = Field(
         default=None,
         description="Secret key holding an access token, set as the server's HF_TOKEN: one "
