@@ -12,6 +12,7 @@ from typing import Literal, Self
 from pydantic import Field, model_validator
 
 from vllm_operator.models.base import (
+    ADAPTER_NAME_PATTERN,
     ApiModel,
     Condition,
     ConfigMapKeyReference,
@@ -201,6 +202,15 @@ class InferenceBenchmarkSpec(ApiModel):
 
     target_ref: LocalObjectReference = Field(
         description="The InferenceService to benchmark (same namespace)."
+    )
+    adapter: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=63,
+        pattern=ADAPTER_NAME_PATTERN,
+        description="One of the target's LoRA adapters (spec.adapters[].name): every request "
+        "gives its name as the model, so the adapter is what is measured. Default: the base "
+        "model. The benchmark waits until the adapter is loaded on every Ready server.",
     )
     workload: BenchmarkWorkload = Field(description="What to send.")
     arrival: ArrivalSpec = Field(description="When to send requests.")

@@ -16,6 +16,7 @@ from pydantic import ConfigDict, Field, WithJsonSchema, field_validator, model_v
 
 from vllm_operator.constants import OWN_MOUNTS, OWN_RESOURCES, OWN_VOLUMES
 from vllm_operator.models.base import (
+    ADAPTER_NAME_PATTERN,
     DNS_LABEL_PATTERN,
     ApiModel,
     Condition,
@@ -214,8 +215,6 @@ class ModelSpec(ApiModel):
 
 
 # --- LoRA adapters --------------------------------------------------------------------------
-
-ADAPTER_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9._]*[a-z0-9])?$"
 
 
 class AdapterHuggingFaceSource(ApiModel):

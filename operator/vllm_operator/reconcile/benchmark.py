@@ -57,6 +57,8 @@ REASON_DATASET_NOT_FOUND: Final = "DatasetNotFound"
 REASON_DATASET_KEY_NOT_FOUND: Final = "DatasetKeyNotFound"
 REASON_TRACE_NOT_FOUND: Final = "TraceNotFound"
 REASON_TRACE_KEY_NOT_FOUND: Final = "TraceKeyNotFound"
+REASON_ADAPTER_NOT_FOUND: Final = "AdapterNotFound"
+REASON_ADAPTER_NOT_LOADED: Final = "AdapterNotLoaded"
 
 
 async def _missing_input(
@@ -129,6 +131,33 @@ async def _write(
             message=f"Phase {status.phase}: {ready.message}",
             warning=status.phase == "Failed",
         )
+
+
+def _adapter_wait(target: InferenceService, adapter: str | None) -> tuple[str, str] | None:
+    """(reason, message) while spec.adapter cannot be measured yet: the target does not
+    declare it, or not every Ready server has it loaded."""
+    if adapter is None:
+        return None
+    name = target.metadata.name
+    declared = [a.name for a in target.spec.adapters]
+    if adapter not in declared:
+        return (
+            REASON_ADAPTER_NOT_FOUND,
+            f"spec.adapter {adapter} is not an adapter of InferenceService {name} "
+            f"(its spec.adapters: {', '.join(declared) or 'none'}).",
+        )
+    seen = target.status.adapters if target.status and target.status.adapters else []
+    found = next((a for a in seen if a.name == adapter), None)
+    ready = (target.status.ready_replicas if target.status else None) or 0
+    loaded = found.loaded_replicas if found is not None else 0
+    if loaded < max(1, ready):
+        why = f": {found.message}" if found is not None and found.message else ""
+        return (
+            REASON_ADAPTER_NOT_LOADED,
+            f"Waiting for adapter {adapter} to be loaded on every Ready server of "
+            f"InferenceService {name} ({loaded} of {ready}){why}.",
+        )
+    return None
 
 
 async def reconcile_inference_benchmark(
@@ -213,6 +242,10 @@ async def reconcile_inference_benchmark(
                 ),
             )
             return "Pending"
+        waiting = _adapter_wait(target, bench.spec.adapter)
+        if waiting is not None:
+            await _write(api, body, bench, status("Pending", *waiting))
+            return "Pending"
         missing = await _missing_input(api, bench, ns)
         if missing is not None:
             await _write(api, body, bench, status("Pending", *missing))
@@ -231,7 +264,7 @@ async def reconcile_inference_benchmark(
                 image=settings.warmup_image,
                 resources=settings.load_resources.to_wire(),
                 endpoint=endpoint_url(target).removesuffix("/v1"),
-                model=served_model_name(target),
+                model=bench.spec.adapter or served_model_name(target),
             )
         )
     state = job_state(job)
