@@ -24,7 +24,12 @@ Tokens are words: ``/tokenize`` splits on whitespace; usage counts words and tok
 
 Run: ``python -m tests.bench.fake_server --config '{"ttft": {"kind": "fixed", "value": 0.02}}'``
 prints ``PORT <n>`` on stdout once listening and serves until stdin closes or SIGTERM.
-``GET /_log`` returns the log as JSON and clears it.
+``GET /_log`` returns the log as JSON and clears it. ``GET /_stats`` returns counters and
+resets them: generation requests (a client's preflight, whose request id ends in
+``preflight``, apart), the first and last arrival instants, and connections: accepted in
+all, and those that carried a generation request (opened, and the most open at once).
+With ``"log": false`` the server keeps only these counters (no per-request log, whose
+growth would slow a server taking tens of thousands of requests a second).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import asyncio
 import json
 import math
 import random
+import resource
 import signal
 import sys
 import time
@@ -81,6 +87,8 @@ class Config:
     # Close a kept-alive connection when its second request arrives, unanswered: what a
     # server's idle timeout does when it races a client's next request.
     drop_reused: bool = False
+    # Keep the per-request log (GET /_log); the counters of GET /_stats are kept always.
+    log: bool = True
 
     @classmethod
     def from_json(cls, text: str) -> Config:
@@ -108,6 +116,25 @@ class Entry:
     aborted: bool = False
 
 
+@dataclass
+class _Counters:
+    """What GET /_stats reports (and then resets)."""
+
+    requests: int = 0
+    preflights: int = 0
+    first_received: float | None = None
+    last_received: float | None = None
+    connections_accepted: int = 0
+    # Connections that carried a generation request: opened, open now, most open at once.
+    generation_connections: int = 0
+    generation_open: int = 0
+    generation_peak: int = 0
+
+    def fresh(self) -> _Counters:
+        """Zeroed counters that still count the connections open now."""
+        return _Counters(generation_open=self.generation_open, generation_peak=self.generation_open)
+
+
 class _State:
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -116,6 +143,7 @@ class _State:
         self.dropped = 0
         self.vocab: dict[str, int] = {}
         self.words: list[str] = []
+        self.stats = _Counters()
 
     def token_id(self, word: str) -> int:
         index = self.vocab.get(word)
@@ -167,13 +195,17 @@ class _Protocol(asyncio.Protocol):
         self.timers: list[asyncio.TimerHandle] = []
         self.current: Entry | None = None
         self.requests = 0
+        self.generated = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        self.state.stats.connections_accepted += 1
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self.generated:
+            self.state.stats.generation_open -= 1
         for timer in self.timers:
             timer.cancel()
         if self.current is not None and not self.current.end:
@@ -240,6 +272,10 @@ class _Protocol(asyncio.Protocol):
             log = [asdict(e) for e in state.log]
             state.log = []
             self._reply(_json_response(200, log))
+        elif path == "/_stats":
+            counters = asdict(state.stats)
+            state.stats = state.stats.fresh()
+            self._reply(_json_response(200, counters))
         elif path == "/_dropped":
             self._reply(_json_response(200, {"dropped": state.dropped}))
         elif path == "/tokenize":
@@ -278,7 +314,9 @@ class _Protocol(asyncio.Protocol):
         prompt_tokens = len(text.split())
         n = int(req.get("max_tokens") or req.get("max_completion_tokens") or 16)
         entry = Entry(rid, path, received, prompt_tokens, n)
-        state.log.append(entry)
+        if config.log:
+            state.log.append(entry)
+        self._count(rid, received)
         if config.fail_every and state.count % config.fail_every == 0:
             entry.status = 500
             entry.end = time.monotonic()
@@ -349,6 +387,21 @@ class _Protocol(asyncio.Protocol):
             instants.append(instants[-1] + gap)
         self._schedule_token(entry, list(zip(instants, token_chunks, strict=True)), tail)
 
+    def _count(self, request_id: str, received: float) -> None:
+        stats = self.state.stats
+        if request_id.endswith("preflight"):
+            stats.preflights += 1
+            return
+        stats.requests += 1
+        if stats.first_received is None:
+            stats.first_received = received
+        stats.last_received = received
+        if not self.generated:
+            self.generated = True
+            stats.generation_connections += 1
+            stats.generation_open += 1
+            stats.generation_peak = max(stats.generation_peak, stats.generation_open)
+
     def _schedule_token(
         self, entry: Entry, pending: list[tuple[float, bytes]], tail: bytes
     ) -> None:
@@ -413,6 +466,15 @@ class FakeServerProcess:
         self.port = int(line.split()[1])
         return self
 
+    def take_stats(self) -> dict[str, Any]:
+        """The counters of GET /_stats (reset by reading them)."""
+        import httpx
+
+        response = httpx.get(f"{self.url}/_stats", timeout=30)
+        response.raise_for_status()
+        counters: dict[str, Any] = response.json()
+        return counters
+
     def take_log(self) -> list[dict[str, Any]]:
         import httpx
 
@@ -461,6 +523,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=0)
     args = parser.parse_args(argv)
     config = Config.from_json(args.config)
+    # A client past its limit may hold thousands of connections: lift the soft limit on
+    # open files (often 1,024) to the hard one, as servers in production run.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
     def ready(port: int) -> None:
         print(f"PORT {port}", flush=True)

@@ -14,6 +14,7 @@ import yaml
 from tests.bench.conftest import ServerFactory
 from tests.bench.fake_server import Config, Delay
 from vllm_operator.bench.cli import (
+    EXIT_ERRORS,
     EXIT_FAILED,
     EXIT_OK,
     EXIT_SLO,
@@ -283,3 +284,128 @@ def test_a_search_finds_the_highest_rate_that_meets_the_slo(
     rates = [lv["stats"]["rate_per_second"] for lv in results["levels"]]
     assert rates[:3] == [5, 10, 20] and len(rates) <= 6
     assert "Highest rate meeting the SLO" in capsys.readouterr().out
+
+
+# --- failing on errors (issue 21) ---------------------------------------------------------
+
+
+def _errors_argv(server_url: str, out: Path, *extra: str) -> list[str]:
+    return [
+        "--endpoint", server_url, "--model", "fake-model", "--rate", "200", "--requests", "40",
+        "--output-tokens", "2", "--prompt-tokens", "4", "--output-dir", str(out), "--no-html",
+        "--no-progress", "--lag-limit-ms", "100", *extra,
+    ]  # fmt: skip
+
+
+def test_a_run_whose_requests_mostly_failed_exits_non_zero_and_says_why(
+    fake_server: ServerFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 21: most requests failed and the exit status was 0 (without --fail-on-slo).
+    Every second request answers HTTP 500: half of them errored, more than the default
+    maxErrorFraction (0.05) allows."""
+    server = fake_server(Config(fail_every=2))
+    log = tmp_path / "termination-log"
+    argv = _errors_argv(server.url, tmp_path / "out", "--termination-log", str(log))
+    assert main(argv) == EXIT_ERRORS
+    captured = capsys.readouterr()
+    assert "more than maxErrorFraction 0.05 allows" in captured.err
+    assert "HTTP500 20" in captured.err and "20 of 40 requests (50.0%)" in captured.err
+    assert "Failed:" in captured.out
+    report = json.loads(log.read_text())
+    assert report["failure"]["reason"] == "TooManyRequestErrors"
+    assert "HTTP500 20" in report["failure"]["message"]
+    measured = {k: v for k, v in report.items() if k != "failure"}
+    status = InferenceBenchmarkStatus.model_validate(measured)
+    assert status.headline is not None and status.headline.errored == 20
+    assert status.headline.unsent == 0 and status.headline.connections_opened is not None
+    # The results are still written: the run is a record of what happened.
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["levels"][0]["stats"]["errored"] == 20
+
+
+def test_the_error_threshold_is_the_users_to_set(
+    fake_server: ServerFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A server each: the preflight is the first request, which must not be one that fails.
+    out = tmp_path / "out"
+    server = fake_server(Config(fail_every=2))
+    assert main(_errors_argv(server.url, out, "--max-error-fraction", "0.6")) == EXIT_OK
+    server = fake_server(Config(fail_every=2))
+    assert main(_errors_argv(server.url, out, "--max-error-fraction", "0.4")) == EXIT_ERRORS
+    assert "more than maxErrorFraction 0.4 allows" in capsys.readouterr().err
+
+
+def test_a_few_errors_pass_the_default_threshold(
+    fake_server: ServerFactory, tmp_path: Path
+) -> None:
+    # Every 25th generation request fails (the preflight is the first): 1 of 40 (2.5 %).
+    server = fake_server(Config(fail_every=25))
+    assert InferenceBenchmarkSpec.model_fields["max_error_fraction"].default == 0.05
+    assert main(_errors_argv(server.url, tmp_path / "out")) == EXIT_OK
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["levels"][0]["stats"]["errored"] == 1
+
+
+def test_the_error_threshold_reaches_the_spec_and_conflicts_with_a_spec_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    s = spec("--endpoint", "http://x", "--rate", "1", "--max-error-fraction", "0.2")
+    assert s.max_error_fraction == 0.2
+    assert spec("--endpoint", "http://x", "--rate", "1").max_error_fraction == 0.05
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec_from_args(flags("--endpoint", "http://x", "--rate", "1"))))
+    argv = ["--spec-file", str(path), "--endpoint", "http://x", "--max-error-fraction", "1"]
+    assert main(argv) == EXIT_USAGE
+    assert "--max-error-fraction conflict with --spec-file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--max-error-fraction", "1.5"),
+        ("--max-error-fraction", "-0.1"),
+        ("--max-error-fraction", "most"),
+        ("--max-connections", "0"),
+        ("--max-connections", "2.5"),
+        ("--spin-ms", "11"),
+        ("--spin-ms", "-1"),
+    ],
+    ids=lambda v: v,
+)
+def test_a_bad_value_exits_2_naming_the_flag(
+    flag: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--endpoint", "http://127.0.0.1:9", "--rate", "1", flag, value])
+    assert exited.value.code == EXIT_USAGE
+    assert f"argument {flag}" in capsys.readouterr().err
+
+
+def test_the_connection_cap_flag_reaches_the_client(
+    fake_server: ServerFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server = fake_server(Config(ttft=Delay(value=0.02), log=False))
+    out = tmp_path / "out"
+    server.take_stats()
+    argv = _errors_argv(server.url, out, "--max-connections", "2")
+    assert main(argv) == EXIT_OK, capsys.readouterr().err
+    assert server.take_stats()["generation_peak"] <= 2
+    results = json.loads((out / "results.json").read_text())
+    assert results["client"]["max_connections"] == 2
+    assert results["levels"][0]["stats"]["max_connections"] == 2
+
+
+def test_the_help_gives_the_default_connection_cap() -> None:
+    from vllm_operator.bench.client import DEFAULT_MAX_CONNECTIONS
+
+    text = configure(argparse.ArgumentParser()).format_help()
+    assert f"default: {DEFAULT_MAX_CONNECTIONS}," in " ".join(text.split())
+
+
+def test_compact_status_keeps_the_failure_whatever_it_drops() -> None:
+    failure = {"reason": "TooManyRequestErrors", "message": "at 1 req/s, 9 of 10 requests"}
+    huge = {"levels": [{"requests": 1, "errorsByKind": {"x" * 5000: 1}}], "failure": failure}
+    huge["headline"] = {"requests": 1, "note": "y" * 5000}
+    text = compact_status(huge)
+    assert len(text.encode()) <= 4096
+    assert json.loads(text)["failure"] == failure

@@ -141,3 +141,66 @@ def test_the_summary_reads_whole_at_80_columns(levels: int) -> None:
     assert "ms" in text  # the unit is said
     for i in range(levels):
         assert f"{250 + 1000 * i:.4g}" in text.replace(",", ""), text  # each TTFT p99, whole
+
+
+def test_the_progress_bars_last_frame_counts_every_request() -> None:
+    """Issue 21: the bar was last drawn in a quiet moment of the schedule and stopped
+    short of the total (810/838); the level's end draws it once more, whole."""
+    import io
+
+    from rich.console import Console
+
+    from vllm_operator.bench.report import ConsoleReporter
+
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=100, color_system=None)
+    reporter = ConsoleReporter(console)
+    level = outcome(Load(2.0), 0.25)
+    reporter.level_started(Load(2.0), 4)
+    records = level.recording.records
+    reporter.request_done(records[0])
+    reporter.refresh()  # the ticker's last redraw, mid-level
+    for rec in records[1:]:
+        reporter.request_done(rec)
+    reporter.level_finished(level.stats)
+    reporter.close()
+    text = out.getvalue()
+    assert text.rindex("4/4 errors 0") > text.rindex("1/4 errors 0")
+    assert text.rindex("4/4 completed") > text.rindex("4/4 errors 0")  # the level's line
+
+
+def test_the_wide_summary_is_whole_at_its_width() -> None:
+    import io
+
+    from rich.console import Console
+
+    from vllm_operator.bench.report import WIDE_COLUMNS, print_summary
+
+    out = io.StringIO()
+    console = Console(file=out, width=WIDE_COLUMNS, color_system=None)
+    runs = [outcome(Load(2000.0 * (i + 1)), 0.25 + i) for i in range(3)]
+    print_summary(result(*runs), console)
+    text = out.getvalue()
+    assert "…" not in text, text
+    assert "p99.9" in text and "errored" in text and "conns" in text
+
+
+def test_a_run_fails_on_the_level_with_the_largest_share_of_errors() -> None:
+    from vllm_operator.bench.result import error_failure
+    from vllm_operator.bench.stats import summarize
+
+    ok = outcome(Load(1.0), 0.25)
+    bad_records = [
+        RequestRecord(i, float(i), 16, 4, sent=None if i < 2 else float(i), end=float(i) + 1)
+        for i in range(4)
+    ]
+    for r in bad_records:
+        r.error = "ConnectError" if r.sent is None else None
+    recording = LevelRecording(Load(2.0), tuple(bad_records), 0.0, 5.0, 0.0)
+    bad = LevelOutcome(recording, summarize(recording), False)
+    assert error_failure(result(ok)) is None
+    message = error_failure(result(ok, bad))
+    assert message == (
+        "at 2 req/s, 2 of 4 requests (50.0%) got no answer or were never sent "
+        "(ConnectError 2, 2 never sent), more than maxErrorFraction 0.05 allows"
+    )

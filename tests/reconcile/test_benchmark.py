@@ -193,6 +193,43 @@ async def test_a_failed_job_carries_the_load_generators_error() -> None:
     assert "dataset line 3: not JSON" in _message(api)
 
 
+async def test_a_job_that_failed_on_its_request_errors_fails_with_that_reason() -> None:
+    """Issue 21: most requests failed and the run still counted as a success. The load
+    Job now exits non-zero and names the failure in its termination message; the phase
+    is Failed with that reason, and what the run measured is kept."""
+    api = RecordingCluster()
+    api.put(BENCH)
+    api.put(_target(ready=True))
+    await _run(api)
+    headline = {"requests": 60, "succeeded": 10, "failed": 50, "errored": 50, "unsent": 20}
+    message = "at 2 req/s, 50 of 60 requests (83.3%) got no answer or were never sent"
+    report = {
+        "levels": [headline],
+        "headline": headline,
+        "resultsConfigMap": "load-results",
+        "failure": {"reason": "TooManyRequestErrors", "message": message},
+    }
+    _job_done(api, "Failed", report)
+    assert await _run(api) == "Failed"
+    assert _phase(api) == ("Failed", "TooManyRequestErrors")
+    assert f"Job load-load failed: {message}" in _message(api)
+    status = api.objects[KEY]["status"]
+    assert status["headline"]["errored"] == 50 and status["headline"]["unsent"] == 20
+    assert status["resultsConfigMap"] == "load-results" and status["completionTime"]
+    stalled = next(c for c in status["conditions"] if c["type"] == "Stalled")
+    assert stalled["status"] == "True" and stalled["reason"] == "TooManyRequestErrors"
+
+
+async def test_a_failed_job_with_an_unknown_failure_reason_is_a_load_failure() -> None:
+    api = RecordingCluster()
+    api.put(BENCH)
+    api.put(_target(ready=True))
+    await _run(api)
+    _job_done(api, "Failed", {"failure": {"reason": "Whatever", "message": "m"}})
+    assert await _run(api) == "Failed"
+    assert _phase(api) == ("Failed", "LoadFailed")
+
+
 def _with_inputs(dataset: bool = False, trace: bool = False) -> dict[str, Any]:
     bench = copy.deepcopy(BENCH)
     if dataset:

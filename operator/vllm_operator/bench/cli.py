@@ -32,7 +32,10 @@ Length distributions: ``N`` or ``fixed:N``; ``uniform:MIN-MAX``; ``normal:MEAN,S
 
 Exit codes: 0 the benchmark ran; 1 it could not run (server unreachable, preflight
 failed); 2 bad arguments; 3 it ran but, with ``--fail-on-slo``, the headline level missed
-the SLO or the client was the bottleneck.
+the SLO or the client was the bottleneck; 4 it ran but at some level more than
+``--max-error-fraction`` (default 0.05) of the requests got no answer for a reason other
+than a deadline, or were never sent (the termination log then names the failure, which
+the benchmark's phase Failed carries).
 """
 
 from __future__ import annotations
@@ -54,8 +57,11 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_SLO = 3
+EXIT_ERRORS = 4
 
 TERMINATION_MESSAGE_LIMIT = 4096
+# Open files kept free of connections (the results, logs, the tokenizer's client).
+SPARE_FILES = 64
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 # Flags that describe the run; they conflict with --spec-file (which describes it too).
@@ -63,7 +69,7 @@ _SPEC_FLAGS = (
     "prompt_tokens", "output_tokens", "dataset_spec", "arrival", "rate", "burstiness", "pulse",
     "concurrency", "requests", "duration", "slo_ttft_ms", "slo_tpot_ms", "slo_e2e_ms",
     "sweep_rates", "sweep_concurrencies", "search", "target_attainment", "max_probes", "api",
-    "no_stream", "seed",
+    "no_stream", "seed", "max_error_fraction",
 )  # fmt: skip
 
 
@@ -129,6 +135,36 @@ def _ints(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text}") from exc
 
 
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
+    return value
+
+
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
+    return value
+
+
+def _spin(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value <= 10:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 10 ms, got {text}")
+    return value
+
+
 def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the bench flags to ``parser``; its ``func`` default runs the benchmark."""
     target = parser.add_argument_group("target")
@@ -192,6 +228,14 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     spec.add_argument("--target-attainment", type=float, help="search: share meeting the SLO")
     spec.add_argument("--max-probes", type=int, help="search: most levels to run")
     spec.add_argument("--seed", type=int, help="seed (default 0)")
+    spec.add_argument(
+        "--max-error-fraction",
+        type=_fraction,
+        metavar="FRACTION",
+        help="exit 4 when, at any level, more than this share of the requests got no answer "
+        "(connection or HTTP errors, timeouts; deadline misses are SLO failures) or were "
+        "never sent (default 0.05; 1: never)",
+    )
 
     files = parser.add_argument_group("inputs and outputs")
     files.add_argument("--dataset-file", help="JSONL prompts (prompt or messages per line)")
@@ -228,6 +272,13 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="cap on requests in flight (queueing beyond it shows as schedule lag)",
     )
     client.add_argument(
+        "--max-connections",
+        type=_at_least_one,
+        help="cap on connections open at once; due requests beyond it wait for a free one, "
+        "shown as schedule lag and reported (default: 4096, bench/client.py's "
+        "DEFAULT_MAX_CONNECTIONS; a closed loop: at least its concurrency)",
+    )
+    client.add_argument(
         "--request-timeout", type=float, default=600.0, help="seconds per request without SLO"
     )
     client.add_argument(
@@ -238,6 +289,14 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         type=float,
         default=5.0,
         help="schedule lag P99 above which the client is the bottleneck (default: %(default)s)",
+    )
+    client.add_argument(
+        "--spin-ms",
+        type=_spin,
+        default=0.0,
+        help="poll for this long before each send instead of sleeping: a schedule lag P99.9 "
+        "of tens of microseconds, not milliseconds, for most of a core (bench/timing.py; "
+        "default 0, at most 10)",
     )
     client.add_argument("--no-progress", action="store_true", help="no progress bar")
     client.add_argument("--fail-on-slo", action="store_true", help="exit 3 when the SLO is missed")
@@ -308,6 +367,8 @@ def spec_from_args(args: argparse.Namespace) -> dict[str, Any]:
     }
     if args.requests is not None:
         spec["requests"] = args.requests
+    if args.max_error_fraction is not None:
+        spec["maxErrorFraction"] = args.max_error_fraction
     if args.duration is not None:
         spec["durationSeconds"] = args.duration
     slo = {
@@ -382,7 +443,12 @@ def compact_status(status: dict[str, Any], limit: int = TERMINATION_MESSAGE_LIMI
         text = json.dumps(candidate, separators=(",", ":"))
         if len(text.encode()) <= limit:
             return text
-    return json.dumps({"truncated": True}, separators=(",", ":"))
+    last: dict[str, Any] = {"truncated": True}
+    if isinstance(status.get("failure"), dict):
+        failure = status["failure"]
+        last["failure"] = {"reason": failure.get("reason"), "message": failure.get("message")}
+        last["failure"]["message"] = str(last["failure"]["message"])[: limit // 2]
+    return json.dumps(last, separators=(",", ":"))
 
 
 def _slim(level: Any) -> Any:
@@ -390,7 +456,7 @@ def _slim(level: Any) -> Any:
         return level
     keep = ("ratePerSecond", "concurrency", "requests", "succeeded", "failed",
             "requestsPerSecond", "sloAttainment", "scheduleLagP99Milliseconds",
-            "clientSaturated")  # fmt: skip
+            "unsent", "errored", "clientSaturated")  # fmt: skip
     return {k: level[k] for k in keep if k in level}
 
 
@@ -405,7 +471,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     # Logs and files are wider than the 80 columns rich assumes without a terminal.
-    console = Console(width=None if sys.stdout.isatty() else 180)
+    console = Console(width=None if sys.stdout.isatty() else 200)
     if args.from_results:
         return _redraw(args.from_results, Path(args.output_dir), console)
     return _run(args, console)
@@ -486,14 +552,14 @@ def _fail(args: argparse.Namespace, message: str, code: int) -> int:
 
 def _run(args: argparse.Namespace, console: Console) -> int:
     from vllm_operator.bench import timing
-    from vllm_operator.bench.client import raise_open_file_limit
+    from vllm_operator.bench.client import DEFAULT_MAX_CONNECTIONS, raise_open_file_limit
     from vllm_operator.bench.report import (
         ConsoleReporter,
         print_summary,
         result_json,
         write_outputs,
     )
-    from vllm_operator.bench.result import passed, to_status
+    from vllm_operator.bench.result import error_failure, passed, to_status
     from vllm_operator.bench.run import (
         BenchmarkError,
         RunInputs,
@@ -502,7 +568,10 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         target_attainment,
     )
     from vllm_operator.bench.workload import parse_dataset, parse_trace
-    from vllm_operator.models.inference_benchmark import InferenceBenchmarkSpec
+    from vllm_operator.models.inference_benchmark import (
+        REASON_TOO_MANY_REQUEST_ERRORS,
+        InferenceBenchmarkSpec,
+    )
 
     if not args.endpoint:
         return _fail(args, "--endpoint is required", EXIT_USAGE)
@@ -532,22 +601,33 @@ def _run(args: argparse.Namespace, console: Console) -> int:
             headers[name.strip()] = value.strip()
     except (ValueError, ValidationError, OSError) as exc:
         return _fail(args, str(exc), EXIT_USAGE)
+    max_connections = args.max_connections or DEFAULT_MAX_CONNECTIONS
+    files = raise_open_file_limit()
+    if 0 < files - SPARE_FILES < max_connections:
+        logging.getLogger(__name__).warning(
+            "Capped the connections at %d: the open-file limit is %d (--max-connections %d)",
+            files - SPARE_FILES,
+            files,
+            max_connections,
+        )
+        max_connections = files - SPARE_FILES
     options = RunOptions(
         endpoint=args.endpoint,
         model=args.model,
         tokenizer=args.tokenizer,
         max_in_flight=args.max_in_flight,
+        max_connections=max_connections,
         request_timeout_s=args.request_timeout,
         drain_timeout_s=args.drain_timeout,
         lag_limit_s=args.lag_limit_ms / 1e3,
         ignore_eos=not args.allow_eos,
         headers=headers,
     )
-    raise_open_file_limit()
     reporter = ConsoleReporter(console, progress=not args.no_progress)
     try:
         result = timing.run(
-            run_benchmark(spec, options, RunInputs(dataset=dataset, trace=trace), reporter)
+            run_benchmark(spec, options, RunInputs(dataset=dataset, trace=trace), reporter),
+            spin_s=args.spin_ms / 1e3,
         )
     except BenchmarkError as exc:
         return _fail(args, str(exc), EXIT_FAILED)
@@ -560,7 +640,14 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     status = to_status(result).to_wire()
     if args.results_config_map and _upload(args, result_json(result), console):
         status["resultsConfigMap"] = args.results_config_map
+    failure = error_failure(result)
+    if failure is not None:
+        status["failure"] = {"reason": REASON_TOO_MANY_REQUEST_ERRORS, "message": failure}
     _write_termination_log(args.termination_log, compact_status(status))
+    if failure is not None:
+        console.print(f"[bold red]Failed: {failure}[/]")
+        print(f"vllm-operator bench: {failure}", file=sys.stderr)
+        return EXIT_ERRORS
     if args.fail_on_slo:
         head = result.headline
         if head is None or not passed(head.stats, target_attainment(spec)):

@@ -141,3 +141,10 @@ class LevelRecording:
     # Cap on requests in flight in the client (None: none); a capped open-loop client
     # queues requests and shows it as schedule lag.
     max_in_flight: int | None = None
+    # Connections: opened during the level, the most open (or opening) at once, the cap
+    # on them, and how many due requests found the pool at that cap (they waited for a
+    # connection to come free). None: not recorded (results of older versions).
+    connections_opened: int | None = None
+    connections_peak: int | None = None
+    max_connections: int | None = None
+    requests_at_connection_cap: int | None = None

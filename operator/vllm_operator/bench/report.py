@@ -46,7 +46,12 @@ TIMELINE_POINTS = 4000
 
 
 class ConsoleReporter:
-    """Progress on a rich console, redrawn only when :meth:`refresh` is called."""
+    """Progress on a rich console, redrawn only when :meth:`refresh` is called.
+
+    Each level has its own bar; its last frame, drawn when the level ends, shows every
+    request counted (the last redraw in a quiet moment of the schedule was often short
+    of the total, 810/838) and stays on the screen above the level's result line.
+    """
 
     def __init__(self, console: Console, *, progress: bool = True) -> None:
         self.console = console
@@ -61,18 +66,16 @@ class ConsoleReporter:
         if not self.show_progress:
             self.console.print(f"Running level {load.label()} ({total or '?'} requests)")
             return
-        if self.progress is None:
-            self.progress = Progress(
-                TextColumn("{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("errors {task.fields[errors]}"),
-                TimeElapsedColumn(),
-                console=self.console,
-                auto_refresh=False,
-                transient=True,
-            )
-            self.progress.start()
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("errors {task.fields[errors]}"),
+            TimeElapsedColumn(),
+            console=self.console,
+            auto_refresh=False,
+        )
+        self.progress.start()
         self.task = self.progress.add_task(load.label(), total=total, errors=0)
         self.progress.refresh()
 
@@ -88,8 +91,9 @@ class ConsoleReporter:
 
     def level_finished(self, stats: LevelStats) -> None:
         if self.progress is not None and self.task is not None:
-            self.progress.remove_task(self.task)
-            self.task = None
+            self.refresh()  # the last frame: every request of the level
+            self.progress.stop()
+            self.progress = self.task = None
         self.console.print(_level_line(stats))
 
     def close(self) -> None:
@@ -125,7 +129,7 @@ def _load_label(stats: LevelStats) -> str:
 
 # Below this many columns the table of every figure would be cut (rich shortens cells to
 # "3…"): the narrow table keeps the figures a reader compares, units in the headers.
-WIDE_COLUMNS = 160
+WIDE_COLUMNS = 190
 
 
 def _figures(s: LevelStats) -> dict[str, str]:
@@ -146,7 +150,10 @@ def _figures(s: LevelStats) -> dict[str, str]:
         "E2E p50 ms": _ms(lat.e2e.p50 if lat.e2e else None),
         "E2E p99 ms": _ms(lat.e2e.p99 if lat.e2e else None),
         "SLO": "-" if s.slo_attainment is None else f"{s.slo_attainment:.1%}",
+        "errored": str(s.errored),
+        "conns": "-" if s.connections_opened is None else str(s.connections_opened),
         "lag p99 ms": _ms(s.schedule_lag.p99 if s.schedule_lag else None),
+        "lag p99.9 ms": _ms(s.schedule_lag.p999 if s.schedule_lag else None),
         "client": "SATURATED" if s.client_saturated else "ok",
     }
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from vllm_operator.bench.records import LevelRecording
+from vllm_operator.bench.records import DEADLINE_KINDS, LevelRecording
 from vllm_operator.bench.search import knee
 from vllm_operator.bench.stats import LatencySummary, LevelStats, Summary
 from vllm_operator.models.inference_benchmark import (
@@ -116,6 +116,39 @@ def knee_of(levels: tuple[LevelStats, ...]) -> tuple[float, str] | None:
     return None if found is None else (found, "concurrency")
 
 
+def error_failure(result: BenchmarkResult) -> str | None:
+    """Why the run failed on its errors, or None: the level whose share of errored
+    requests (no answer for a reason other than a deadline, or never sent) is the
+    largest, when it is above the spec's ``maxErrorFraction``."""
+    limit = result.spec.max_error_fraction
+    over = [lv.stats for lv in result.levels if lv.stats.error_fraction > limit]
+    if not over:
+        return None
+    worst = max(over, key=lambda s: s.error_fraction)
+    kinds = sorted(
+        ((k, n) for k, n in worst.errors_by_kind.items() if k not in DEADLINE_KINDS),
+        key=lambda kn: -kn[1],
+    )
+    parts = [f"{k} {n}" for k, n in kinds[:4]]
+    if worst.unsent:
+        parts.append(f"{worst.unsent} never sent")
+    more = len(over) - 1
+    return (
+        f"at {_load_label(worst)}, {worst.errored} of {worst.requests} requests "
+        f"({worst.error_fraction:.1%}) got no answer or were never sent ({', '.join(parts)}), "
+        f"more than maxErrorFraction {limit:g} allows"
+        + (f"; {more} more level{'s' if more > 1 else ''} too" if more else "")
+    )
+
+
+def _load_label(stats: LevelStats) -> str:
+    if stats.concurrency is not None:
+        return f"concurrency {stats.concurrency}"
+    if stats.rate_per_second is not None:
+        return f"{stats.rate_per_second:g} req/s"
+    return stats.process
+
+
 def passed(stats: LevelStats, target_attainment: float = DEFAULT_TARGET_ATTAINMENT) -> bool:
     """A level passes when the client kept up and enough requests met the SLO."""
     if stats.client_saturated:
@@ -169,6 +202,10 @@ def level_result(stats: LevelStats) -> LevelResult:
         from_send=latency_set(stats.from_send),
         from_scheduled=latency_set(stats.from_scheduled),
         schedule_lag_p99_milliseconds=None if lag is None else _ms(lag.p99),
+        schedule_lag_p999_milliseconds=None if lag is None else _ms(lag.p999),
+        unsent=stats.unsent,
+        errored=stats.errored,
+        connections_opened=stats.connections_opened,
         client_saturated=stats.client_saturated,
         buckets=[
             BucketResult(

@@ -31,7 +31,13 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from vllm_operator.bench import arrivals
-from vllm_operator.bench.client import Deadlines, LoadClient, Target, server_root
+from vllm_operator.bench.client import (
+    DEFAULT_MAX_CONNECTIONS,
+    Deadlines,
+    LoadClient,
+    Target,
+    server_root,
+)
 from vllm_operator.bench.records import Load, RequestRecord
 from vllm_operator.bench.result import (
     DEFAULT_TARGET_ATTAINMENT,
@@ -74,6 +80,8 @@ class RunOptions:
     model: str | None = None
     tokenizer: str | None = None
     max_in_flight: int | None = None
+    # Connections open at once at most (a closed-loop level: at least its concurrency).
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
     request_timeout_s: float = 600.0
     drain_timeout_s: float | None = None
     lag_limit_s: float = DEFAULT_LAG_LIMIT_S
@@ -258,6 +266,7 @@ def _client_facts(options: RunOptions) -> dict[str, object]:
         "httptools": httptools.__version__,
         "cpus": os.cpu_count(),
         "max_in_flight": options.max_in_flight,
+        "max_connections": options.max_connections,
     }
 
 
@@ -301,7 +310,10 @@ async def run_benchmark(
     search: RateSearch | None = None
 
     async with LoadClient(
-        target, max_in_flight=options.max_in_flight, run_id=options.run_id
+        target,
+        max_in_flight=options.max_in_flight,
+        max_connections=options.max_connections,
+        run_id=options.run_id,
     ) as client:
         if options.preflight:
             first = (await prompts.take(1))[0]

@@ -27,9 +27,16 @@ most tools): for ``n`` sorted values, percentile ``p`` sits at rank ``(n - 1) * 
 its P99 schedule lag exceeded a limit (default 5 ms: small against the latencies measured,
 large against a client's own overhead, which is well under a millisecond), or, in an open
 loop, it sent fewer than 95 % of the scheduled requests per second, or it never sent some.
-The verdict comes with the numbers. A busy machine (other processes taking the cores) makes
-the client late too; the verdict then says so, rightly: the load offered was not the load
-scheduled.
+The verdict comes with the numbers: how far behind the schedule it fell (the largest lag),
+and whether due requests waited because every connection of the client's cap was busy. A
+busy machine (other processes taking the cores) makes the client late too; the verdict
+then says so, rightly: the load offered was not the load scheduled.
+
+**Errors.** A request *errored* when it got no answer for a reason other than a deadline
+(refused or lost connections, HTTP errors, timeouts, still running when the level ended)
+or was never sent. A deadline miss is an SLO failure, not an error. The share of errored
+requests is what a run fails on (``maxErrorFraction`` of the spec): a level whose requests
+mostly errored measured the failures, not the server.
 
 Everything here is pure: it reads records and returns frozen dataclasses.
 """
@@ -160,6 +167,17 @@ class LevelStats:
     client_saturated: bool
     verdict: str
     buckets: tuple[BucketStats, ...] = field(default_factory=tuple)
+    # Scheduled requests never sent; errored requests (see the module docstring: no
+    # answer for a reason other than a deadline, or never sent) and their share.
+    unsent: int = 0
+    errored: int = 0
+    error_fraction: float = 0.0
+    # Connections the level opened, the most open at once, the cap on them, and the due
+    # requests that found every connection of the cap busy (None: not recorded).
+    connections_opened: int | None = None
+    connections_peak: int | None = None
+    max_connections: int | None = None
+    requests_at_connection_cap: int | None = None
 
 
 def tpot(rec: RequestRecord) -> float | None:
@@ -245,13 +263,21 @@ def summarize(
         if max(times) > min(times):
             send_rate = (len(times) - 1) / (max(times) - min(times))
     scheduled_rate = _scheduled_rate(records) if load.concurrency is None else None
+    unsent = len(records) - len(sent)
+    errored = sum(
+        1
+        for r in records
+        if r.sent is None or (r.error is not None and r.error not in DEADLINE_KINDS)
+    )
     saturated, verdict = _verdict(
         lag,
         lag_limit_s,
         send_rate,
         scheduled_rate,
         recording.max_in_flight,
-        len(records) - len(sent),
+        unsent,
+        recording.max_connections,
+        recording.requests_at_connection_cap or 0,
     )
     cpu = (
         recording.client_cpu_seconds / duration
@@ -280,6 +306,13 @@ def summarize(
         client_saturated=saturated,
         verdict=verdict,
         buckets=tuple(_buckets(records, buckets)),
+        unsent=unsent,
+        errored=errored,
+        error_fraction=errored / len(records) if records else 0.0,
+        connections_opened=recording.connections_opened,
+        connections_peak=recording.connections_peak,
+        max_connections=recording.max_connections,
+        requests_at_connection_cap=recording.requests_at_connection_cap,
     )
 
 
@@ -308,16 +341,26 @@ def _verdict(
     scheduled_rate: float | None,
     max_in_flight: int | None,
     unsent: int,
+    max_connections: int | None = None,
+    at_connection_cap: int = 0,
 ) -> tuple[bool, str]:
     if lag is None:
-        return False, "no request was sent"
+        return False, "no request was sent" + (f" ({unsent} scheduled)" if unsent else "")
     reasons = []
     if lag.p99 > limit:
         reasons.append(f"schedule lag P99 {lag.p99 * 1e3:.3g} ms > {limit * 1e3:.3g} ms")
     if send_rate is not None and scheduled_rate and send_rate < SEND_RATE_FLOOR * scheduled_rate:
-        reasons.append(f"sent {send_rate:.4g} req/s of {scheduled_rate:.4g} scheduled")
+        reasons.append(
+            f"sent {send_rate:.4g} req/s of {scheduled_rate:.4g} scheduled "
+            f"({send_rate / scheduled_rate:.0%}), up to {_seconds(lag.max)} behind schedule"
+        )
     if unsent:
         reasons.append(f"{unsent} scheduled requests never sent")
+    if at_connection_cap:
+        reasons.append(
+            f"{at_connection_cap} due requests waited for one of its {max_connections} "
+            "connections (the cap)"
+        )
     if reasons:
         cap = f" (in-flight cap {max_in_flight})" if max_in_flight is not None else ""
         return True, (
@@ -328,6 +371,10 @@ def _verdict(
             + "; latency from the scheduled time includes the client's queueing"
         )
     return False, f"client kept up: schedule lag P99 {lag.p99 * 1e3:.3g} ms"
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.3g} s" if value >= 1 else f"{value * 1e3:.3g} ms"
 
 
 def _bucket_of(rec: RequestRecord) -> int:
