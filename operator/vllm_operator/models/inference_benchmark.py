@@ -7,7 +7,7 @@ the autoscaler not to scale down, and an admission policy refuses decreases.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal, Self
+from typing import Final, Literal, Self
 
 from pydantic import Field, model_validator
 
@@ -21,6 +21,12 @@ from vllm_operator.models.base import (
 )
 from vllm_operator.models.inference_service import ObjectMeta
 from vllm_operator.models.workload import SLO, LengthDistribution
+
+# A level whose requests errored more than this (5 %) measured its failures, not the server.
+DEFAULT_MAX_ERROR_FRACTION: Final = 0.05
+# The reason of a benchmark that failed on spec.maxErrorFraction. The load Job names it in
+# its termination message (``failure.reason``) and the phase Failed carries it.
+REASON_TOO_MANY_REQUEST_ERRORS: Final = "TooManyRequestErrors"
 
 ArrivalProcess = Literal["Constant", "Poisson", "Gamma", "Pulse", "ClosedLoop", "Trace"]
 
@@ -226,6 +232,15 @@ class InferenceBenchmarkSpec(ApiModel):
     search: SearchSpec | None = Field(default=None, description="Search bounds, for Search.")
     endpoint: EndpointSpec = Field(default_factory=EndpointSpec, description="API and streaming.")
     seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed for reproducible runs.")
+    max_error_fraction: float = Field(
+        default=DEFAULT_MAX_ERROR_FRACTION,
+        ge=0,
+        le=1,
+        description="The benchmark fails (phase Failed, reason TooManyRequestErrors) when, at "
+        "any load level, more than this share of the requests got no answer for a reason "
+        "other than a deadline (connection errors, HTTP errors, timeouts) or were never sent. "
+        "Deadline misses count against the SLO, not here. 1 never fails.",
+    )
 
     model_config = cel_rules(
         {
@@ -336,6 +351,18 @@ class LevelResult(ApiModel):
     )
     schedule_lag_p99_milliseconds: float | None = Field(
         default=None, description="Client's own lag behind the schedule, P99."
+    )
+    schedule_lag_p999_milliseconds: float | None = Field(
+        default=None, description="Client's own lag behind the schedule, P99.9."
+    )
+    unsent: int | None = Field(default=None, description="Requests scheduled but never sent.")
+    errored: int | None = Field(
+        default=None,
+        description="Requests that got no answer for a reason other than a deadline, or were "
+        "never sent.",
+    )
+    connections_opened: int | None = Field(
+        default=None, description="Connections the client opened to the server."
     )
     client_saturated: bool | None = Field(
         default=None, description="True when the client, not the server, limited the load."

@@ -32,6 +32,7 @@ from vllm_operator.constants import (
 from vllm_operator.k8s.api import ClusterAPI, apply_status
 from vllm_operator.models import InferenceBenchmark, InferenceBenchmarkStatus, InferenceService
 from vllm_operator.models.base import Condition, ConfigMapKeyReference, Manifest
+from vllm_operator.models.inference_benchmark import REASON_TOO_MANY_REQUEST_ERRORS
 from vllm_operator.models.inference_service import BenchmarkSummary
 from vllm_operator.reconcile.conditions import condition
 from vllm_operator.reconcile.jobs import job_report, job_state
@@ -283,12 +284,37 @@ async def reconcile_inference_benchmark(
         )
         return "Running"
     report = await job_report(api, ns, job["metadata"]["name"])
-    if state == "Succeeded" and "headline" in report:
-        measured = InferenceBenchmarkStatus.model_validate(
-            {k: v for k, v in report.items() if k in ("levels", "headline", "kneeRatePerSecond")}
+    results = results_config_map_name(bench)
+    written = report.get("resultsConfigMap") == results
+    failure = report.get("failure")
+    if (
+        state == "Failed"
+        and isinstance(failure, dict)
+        and failure.get("reason") == REASON_TOO_MANY_REQUEST_ERRORS
+    ):
+        # The load ran to the end, but too many of its requests errored: a record of what
+        # it measured, failed with the Job's reason.
+        measured = _measured(report)
+        why = failure.get("message") or "too many requests errored"
+        await _write(
+            api,
+            body,
+            bench,
+            status(
+                "Failed",
+                REASON_TOO_MANY_REQUEST_ERRORS,
+                f"Job {job['metadata']['name']} failed: {why}",
+                start_time=old.start_time or now,
+                completion_time=now,
+                levels=measured.levels,
+                headline=measured.headline,
+                knee_rate_per_second=measured.knee_rate_per_second,
+                results_config_map=results if written else None,
+            ),
         )
-        results = results_config_map_name(bench)
-        written = report.get("resultsConfigMap") == results
+        return "Failed"
+    if state == "Succeeded" and "headline" in report:
+        measured = _measured(report)
         await _write(
             api,
             body,
@@ -323,6 +349,17 @@ async def reconcile_inference_benchmark(
         ),
     )
     return "Failed"
+
+
+def _measured(report: dict[str, Any]) -> InferenceBenchmarkStatus:
+    """The measured part of a load Job's report (its termination message); an invalid
+    one measured nothing."""
+    try:
+        return InferenceBenchmarkStatus.model_validate(
+            {k: v for k, v in report.items() if k in ("levels", "headline", "kneeRatePerSecond")}
+        )
+    except ValidationError:
+        return InferenceBenchmarkStatus()
 
 
 def lock_selector(isvc: InferenceService) -> str:
