@@ -160,3 +160,12 @@ def test_a_service_of_unknown_shape_still_gets_the_lora_arguments() -> None:
     tuning = result.effective_tuning()
     assert {a.name for a in tuning.arguments} >= {"enable-lora", "max-loras", "max-lora-rank"}
     assert [e.name for e in tuning.environment] == ["VLLM_ALLOW_RUNTIME_LORA_UPDATING"]
+
+
+def test_a_pinned_slot_count_raises_the_host_cache_with_it() -> None:
+    """vLLM refuses max-cpu-loras below max-loras at start."""
+    args = _args(_plan(_service([_adapter("sql")], tuning={"overrides": {"max-loras": "10"}})))
+    assert (args["max-loras"], args["max-cpu-loras"]) == ("10", "20")
+    pinned = {"max-loras": "10", "max-cpu-loras": "12"}
+    args = _args(_plan(_service([_adapter("sql")], tuning={"overrides": pinned})))
+    assert (args["max-loras"], args["max-cpu-loras"]) == ("10", "12")

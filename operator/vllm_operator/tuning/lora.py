@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Final
 
 from vllm_operator.tuning.architecture import Architecture
@@ -72,10 +72,20 @@ def rank_choice(rank: int) -> int:
     return RANK_CHOICES[-1]
 
 
-def plan_lora(ask: LoRAAsk) -> LoRAPlan:
-    """The capacity arguments, each with its reason (overrides still win afterwards)."""
+def _pinned(overrides: Mapping[str, str], flag: str) -> int | None:
+    value = overrides.get(flag, "")
+    return int(value) if value.isdigit() else None
+
+
+def plan_lora(ask: LoRAAsk, overrides: Mapping[str, str] | None = None) -> LoRAPlan:
+    """The capacity arguments, each with its reason; ``overrides`` (spec.tuning.overrides)
+    still win afterwards, and the plan's figures are theirs where they pin one. The host
+    cache is never planned below a pinned slot count: vLLM refuses max-cpu-loras below
+    max-loras."""
+    overrides = overrides or {}
     count = len(ask.adapters)
     slots = max(SLOT_STEP, math.ceil(count / SLOT_STEP) * SLOT_STEP)
+    slots_in_force = _pinned(overrides, "max-loras") or slots
     declared = [a.rank for a in ask.adapters if a.rank is not None]
     largest = max(declared, default=0)
     if largest > DEFAULT_MAX_RANK:
@@ -92,7 +102,7 @@ def plan_lora(ask: LoRAAsk) -> LoRAPlan:
             f"vLLM's default, {DEFAULT_MAX_RANK}, holds every declared rank; an adapter of a "
             "higher rank is refused at load unless this is raised in spec.tuning.overrides"
         )
-    cpu = slots * CPU_PER_SLOT
+    cpu = slots_in_force * CPU_PER_SLOT
     settings = (
         Setting(
             "enable-lora",
@@ -118,7 +128,12 @@ def plan_lora(ask: LoRAAsk) -> LoRAPlan:
             "adapters than slots reloads from host memory, not from disk",
         ),
     )
-    return LoRAPlan(max_loras=slots, max_rank=rank, max_cpu_loras=cpu, settings=settings)
+    return LoRAPlan(
+        max_loras=slots_in_force,
+        max_rank=_pinned(overrides, "max-lora-rank") or rank,
+        max_cpu_loras=_pinned(overrides, "max-cpu-loras") or cpu,
+        settings=settings,
+    )
 
 
 def runtime_updating_env() -> Setting:

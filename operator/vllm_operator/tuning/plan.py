@@ -39,7 +39,6 @@ ranks the plans of several GPU sets.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
@@ -406,20 +405,7 @@ def plan(
 def _lora_plan(lora: LoRAAsk | None, overrides: Mapping[str, str]) -> LoRAPlan | None:
     """The LoRA capacity planned, with the overridden values in force for its memory
     (the overridden arguments themselves are marked as overrides with the others)."""
-    if lora is None:
-        return None
-    planned = plan_lora(lora)
-
-    def pinned(flag: str, planned_value: int) -> int:
-        value = overrides.get(flag, "")
-        return int(value) if value.isdigit() else planned_value
-
-    return dataclasses.replace(
-        planned,
-        max_loras=pinned("max-loras", planned.max_loras),
-        max_rank=pinned("max-lora-rank", planned.max_rank),
-        max_cpu_loras=pinned("max-cpu-loras", planned.max_cpu_loras),
-    )
+    return plan_lora(lora, overrides) if lora is not None else None
 
 
 def _rank(result: Plan) -> tuple[int, float, int, str]:
