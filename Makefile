@@ -91,6 +91,14 @@ SCALE_ARGS ?=
 bench-scale: venv binaries ## Scale benchmark: N InferenceServices vs N plain Deployments to Ready, the operator's requests (docs/scale.md).
 	$(PY) -m devenv.scale $(SCALE_ARGS)
 
+# The overload benchmark's options (python -m devenv.overload --help), e.g.
+# OVERLOAD_ARGS="--rates 2000,8000,32000 --repeats 1" or "--tree /tmp/bench-before".
+OVERLOAD_ARGS ?=
+
+.PHONY: bench-overload
+bench-overload: venv ## Load generator past its maximum: delivered rate, errors, connections, lag per rate (docs/benchmarks/overload.md).
+	$(PY) -m devenv.overload $(OVERLOAD_ARGS)
+
 .PHONY: lint
 lint: venv ## ruff, mypy --strict and the import-layer contracts.
 	$(BIN)/ruff check operator tests e2e devenv

@@ -139,6 +139,13 @@ def parser() -> argparse.ArgumentParser:
         "--client-args", default="", help="extra flags for the client, one string (split on spaces)"
     )
     p.add_argument(
+        "--drain-timeout",
+        type=_positive,
+        default=60.0,
+        help="the client's --request-timeout and --drain-timeout: a client far behind its "
+        "schedule needs time to send what it owes (default: %(default)s)",
+    )
+    p.add_argument(
         "--timeout", type=_positive, default=180.0, help="seconds before a run is killed"
     )
     p.add_argument("--report", type=Path, help="JSON report (Markdown beside it, .md)")
@@ -178,7 +185,8 @@ def run_once(
             "--model", "fake-model", "--api", "completions", "--arrival", opts.arrival,
             "--rate", f"{rate:g}", "--requests", str(n), "--prompt-tokens", str(PROMPT_TOKENS),
             "--output-tokens", str(OUTPUT_TOKENS), "--output-dir", str(out), "--no-html",
-            "--no-progress", "--request-timeout", "60", "--drain-timeout", "60",
+            "--no-progress", "--request-timeout", f"{opts.drain_timeout:g}",
+            "--drain-timeout", f"{opts.drain_timeout:g}",
             *opts.client_args.split(),
         ]  # fmt: skip
         run.load_before = os.getloadavg()[0]
@@ -299,7 +307,7 @@ def markdown(report: Mapping[str, Any]) -> str:
     ]
     for e in report["summary"]:
         errors = ", ".join(f"{k} {_n(v)}" for k, v in e["errors"].items()) or "-"
-        exits = ", ".join(f"{k}x{v}" if v > 1 else k for k, v in e["exit_codes"].items())
+        exits = ", ".join(f"{k} ({v} runs)" if v > 1 else k for k, v in e["exit_codes"].items())
         lo, hi = e["load_range"]
         lines.append(
             f"| {_n(e['rate'])} | {_n(e['delivered_per_s'])} | {_n(e['server_per_s'])} "
@@ -366,6 +374,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "repeats": opts.repeats,
             "arrival": opts.arrival,
             "client_args": opts.client_args,
+            "drain_timeout": opts.drain_timeout,
         },
         "machine": {
             "cpus": os.cpu_count(),
