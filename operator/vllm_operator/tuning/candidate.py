@@ -3,7 +3,8 @@
 :func:`gpu_choices` makes the choices that depend on the GPU but not on the TP size
 (:class:`GpuChoices`: dtype, KV dtype, quantization kernel, CUDA graphs or eager, the batch
 budget, the sequence target). :func:`candidate` then evaluates ``tp`` x ``pp`` GPUs of the
-profile (:class:`Candidate`: the GPU group, memory utilization, the memory budget per GPU),
+profile (:class:`Candidate`: the GPU group, memory utilization, the memory budget per GPU;
+the utilization also leaves room for the CUDA graphs vLLM captures outside its budget),
 :func:`fits` says whether its KV cache holds a request, :func:`valid_tp` whether the model
 splits over that many GPUs at all, and :func:`decode_estimate` predicts its decode rate.
 """
@@ -22,15 +23,19 @@ from vllm_operator.tuning.gpus import GPUProfile
 from vllm_operator.tuning.memory import (
     GIB,
     GPU_BLOCK_SIZE,
+    MAX_UTILIZATION,
     GpuMemoryPlan,
     KVCacheCapacity,
     activation_bytes,
     cuda_graph_bytes,
+    cuda_total_bytes,
     dtype_bytes,
     gpu_memory_plan,
     kv_bytes_per_token,
     kv_cache_capacity,
+    memory_model,
     memory_utilization,
+    outside_reserve_bytes,
     weights_bytes,
 )
 from vllm_operator.tuning.performance import DecodeEstimate, decode_rate
@@ -81,6 +86,7 @@ class Candidate:
     dtype_bytes: int
     kv_dtype_bytes: int
     block_size: int
+    notes: tuple[str, ...] = ()  # for the plan's notes (a pinned utilization's risk)
 
     @property
     def gpus_count(self) -> int:
@@ -281,18 +287,14 @@ def candidate(ask: Ask, g: GpuChoices, tp: int, pp: int) -> Candidate | None:
     indices, link = group
     arch = ask.model.architecture
     weights = weights_bytes(arch, g.fmt, activation_dtype_bytes=g.dtype_bytes, tensor_parallel=tp)
-    util_source: Literal["Tuner", "Override"]
-    if ask.pins.gpu_memory_utilization is not None:
-        util = ask.pins.gpu_memory_utilization
-        util_reason, util_source = "set in spec.tuning.overrides", "Override"
-    else:
-        util, outside = memory_utilization(gpu.memory_bytes)
-        util_source = "Tuner"
-        util_reason = (
-            f"{util:.2f} of {gib(gpu.memory_bytes)} leaves {gib(outside)} outside vLLM's "
-            "budget for the CUDA context and runtime overhead its profile cannot see "
-            "(0.9 OOMed on 24 GB cards with ~1.2 GB of it)"
-        )
+    graphs = 0
+    if g.eager.value != "true":
+        graphs = cuda_graph_bytes(arch, max_num_seqs=g.seqs_target, pipeline_parallel=pp)
+    line = memory_model(ask.vllm_version)
+    # Graphs vLLM captures after it has sized the KV cache come out of the memory outside
+    # its budget: the utilization leaves room for them besides the usual reserve.
+    outside_graphs = 0 if line.deducts_graphs(moe=arch.is_moe) else graphs
+    util, util_reason, util_source, util_notes = _utilization(ask, gpu, outside_graphs)
     act = activation_bytes(
         arch,
         max_num_batched_tokens=int(g.batched.value) if g.batched.value.isdigit() else 8192,
@@ -302,9 +304,6 @@ def candidate(ask: Ask, g: GpuChoices, tp: int, pp: int) -> Candidate | None:
         version=ask.vllm_version,
         fused_moe=g.fmt.method != "MXFP4",
     )
-    graphs = 0
-    if g.eager.value != "true":
-        graphs = cuda_graph_bytes(arch, max_num_seqs=g.seqs_target, pipeline_parallel=pp)
     offload = int((ask.pins.cpu_offload_gb or 0) * 10**9)
     # LoRA slots are allocated at start, before vLLM profiles: static, like the weights.
     lora_slots = (
@@ -339,7 +338,54 @@ def candidate(ask: Ask, g: GpuChoices, tp: int, pp: int) -> Candidate | None:
         dtype_bytes=g.dtype_bytes,
         kv_dtype_bytes=g.kv_dtype_bytes,
         block_size=ask.pins.block_size or GPU_BLOCK_SIZE,
+        notes=util_notes,
     )
+
+
+def _utilization(
+    ask: Ask, gpu: GPUProfile, graphs_outside: int
+) -> tuple[float, str, Literal["Tuner", "Override"], tuple[str, ...]]:
+    """The utilization, its reason and source, and notes: the tuner's choice leaves the
+    reserve plus ``graphs_outside`` (graph memory captured outside the budget) outside
+    vLLM's budget; a pinned one that leaves less gets a note."""
+    why = memory_model(ask.vllm_version).graphs_outside_why()
+    graphs = f"~{graphs_outside / GIB:.2f} GiB of CUDA graphs"
+    pinned = ask.pins.gpu_memory_utilization
+    if pinned is None:
+        util, outside = memory_utilization(gpu.memory_bytes, graphs_outside=graphs_outside)
+        reason = (
+            f"{util:.2f} of {gib(gpu.memory_bytes)} leaves {gib(outside)} outside vLLM's "
+            "budget for the CUDA context and runtime overhead its profile cannot see "
+            "(0.9 OOMed on 24 GB cards with ~1.2 GB of it)"
+        )
+        if graphs_outside:
+            without, _ = memory_utilization(gpu.memory_bytes)
+            if without != util:
+                lowered = f"{without:.2f} without them"
+            elif util == MAX_UTILIZATION:
+                lowered = f"the {MAX_UTILIZATION:.2f} cap leaves room for them"
+            else:
+                lowered = "the rounding leaves room for them"
+            reason += (
+                f", and the {graphs} vLLM captures there after sizing the KV cache ({why}; "
+                f"{lowered})"
+            )
+        return util, reason, "Tuner", ()
+    total = cuda_total_bytes(gpu.memory_bytes)
+    room = total - math.ceil(pinned * total)
+    need = outside_reserve_bytes(gpu.memory_bytes) + graphs_outside
+    if not graphs_outside or room >= need:
+        return pinned, "set in spec.tuning.overrides", "Override", ()
+    safe, _ = memory_utilization(gpu.memory_bytes, graphs_outside=graphs_outside)
+    note = (
+        f"gpu-memory-utilization {pinned:.2f} (spec.tuning.overrides) leaves {gib(room)} of "
+        f"the {gib(total)} CUDA total outside vLLM's budget; the {graphs} vLLM captures "
+        f"there after sizing the KV cache ({why}) and the {gib(need - graphs_outside)} the "
+        f"tuner keeps for the CUDA context and runtime overhead need {gib(need)}: the graphs "
+        "may not fit and vLLM may run out of memory at start. A gpu-memory-utilization of "
+        f"{safe:.2f} or less, or enforce-eager, would leave room"
+    )
+    return pinned, "set in spec.tuning.overrides", "Override", (note,)
 
 
 def decode_estimate(

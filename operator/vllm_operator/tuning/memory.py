@@ -57,6 +57,7 @@ __all__ = [
     "memory_model",
     "memory_utilization",
     "non_torch_bytes",
+    "outside_reserve_bytes",
     "sequence_kv_bytes",
     "weights_bytes",
 ]
@@ -298,6 +299,20 @@ class ReleaseMemoryModel:
     dense_graph_estimate: bool
     source: str
 
+    def deducts_graphs(self, *, moe: bool) -> bool:
+        """Whether this line takes the CUDA-graph estimate out of the KV budget; where it
+        does not, vLLM captures the graphs afterwards, outside the budget."""
+        return self.graphs_in_budget and (moe or self.dense_graph_estimate)
+
+    def graphs_outside_why(self) -> str:
+        """Why a plan of this line captures its graphs outside the budget (for the reasons)."""
+        if not self.graphs_in_budget:
+            return "releases before 0.20 do not profile them"
+        return (
+            "Model Runner V2, the runner of dense models from 0.25.1, estimates them as 0: "
+            "vllm-project/vllm#49224"
+        )
+
 
 # Fitted to the calibration points (ids of tests/tuning/data/vllm_startup_logs.yaml):
 # sampler copies 9.5 before 0.17 from llmd-sweep-v0.15.0/v0.16.0-qwen3-14b (5.64 GiB) and
@@ -515,18 +530,25 @@ def cuda_graph_bytes(arch: Architecture, *, max_num_seqs: int, pipeline_parallel
     return GRAPH_FIRST_CAPTURE + int(GRAPH_PER_LAYER * layers * share)
 
 
-def memory_utilization(memory_bytes: int) -> tuple[float, int]:
+def outside_reserve_bytes(memory_bytes: int) -> int:
+    """What the tuner keeps outside vLLM's budget on a card whose NVML total is
+    ``memory_bytes``, before any CUDA graphs: the CUDA context, the runtime allowance and
+    1 % of the card."""
+    return CUDA_CONTEXT_BYTES + RUNTIME_ALLOWANCE_BYTES + int(PROPORTIONAL_ALLOWANCE * memory_bytes)
+
+
+def memory_utilization(memory_bytes: int, *, graphs_outside: int = 0) -> tuple[float, int]:
     """The ``--gpu-memory-utilization`` for a card, and the bytes it leaves outside vLLM.
 
     vLLM multiplies the CUDA total (:func:`cuda_total_bytes`), not the card's. Outside its
-    budget go the CUDA context, the runtime allowance and 1 % of the card; the result is
-    rounded down to two decimals and capped at 0.95. ``memory_bytes`` is the card's (NVML)
-    total; the bytes left outside are counted from it.
+    budget go :func:`outside_reserve_bytes` plus ``graphs_outside``, the CUDA-graph memory
+    vLLM captures after it has sized the KV cache (:attr:`GpuMemoryPlan.cuda_graphs_outside`:
+    releases before 0.20, and dense models from 0.25.1); the result is rounded down to two
+    decimals and capped at 0.95. ``memory_bytes`` is the card's (NVML) total; the bytes left
+    outside are counted from it.
     """
     total = cuda_total_bytes(memory_bytes)
-    reserve = (
-        CUDA_CONTEXT_BYTES + RUNTIME_ALLOWANCE_BYTES + int(PROPORTIONAL_ALLOWANCE * memory_bytes)
-    )
+    reserve = outside_reserve_bytes(memory_bytes) + graphs_outside
     fraction = math.floor(max(0.0, 1 - reserve / total) * 100) / 100 if total else 0.0
     fraction = min(MAX_UTILIZATION, fraction)
     return fraction, memory_bytes - math.ceil(fraction * total)
@@ -591,7 +613,7 @@ def gpu_memory_plan(
     cuda_total = cuda_total_bytes(total_bytes)
     budget = math.ceil(cuda_total * utilization)
     non_torch = non_torch_bytes(tensor_parallel, nvlink=nvlink, version=version)
-    in_budget = line.graphs_in_budget and (moe or line.dense_graph_estimate)
+    in_budget = line.deducts_graphs(moe=moe)
     graphs = cuda_graphs if in_budget else 0
     weights = max(0, weights_per_gpu - cpu_offload_bytes)
     left = budget - weights - non_torch - activations - graphs

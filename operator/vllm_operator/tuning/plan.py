@@ -171,7 +171,7 @@ def _plan(ask: Ask, gpu: GPUProfile) -> Plan | DoesNotFit:
     seqs = g.seqs_target
     seqs_source: Literal["Tuner", "Override"] = "Tuner"
     seqs_reason = g.seqs_reason
-    notes = [*gpu.notes, *choice.notes, *context_notes]
+    notes = [*gpu.notes, *choice.notes, *c.notes, *context_notes]
     if not g.fmt.known:
         notes.append(g.fmt.describe())
     if ask.pins.max_num_seqs is not None:
