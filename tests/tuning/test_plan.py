@@ -501,6 +501,8 @@ def test_node_settings_from_the_spec_win_and_say_so() -> None:
         "cpus": "Spec",
         "memory": "Spec",
         "cpu-pinning": "Spec",
+        # Not a spec setting: the weights are downloaded from the Hub into the cache.
+        "cache-size": "Tuner",
     }
 
 
@@ -538,3 +540,39 @@ def test_the_effective_tuning_renders_into_the_deployment_the_plan_describes() -
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
     shm = next(v for v in pod["volumes"] if v["name"] == "shm")
     assert shm["emptyDir"]["sizeLimit"] == "2Gi"
+
+
+def test_weights_from_the_hub_size_the_cache_volume_and_ask_for_the_disk() -> None:
+    """The download lands in the pod's cache emptyDir, on node disk: sized from the
+    weights with headroom (sizeLimit) and requested as ephemeral-storage, so the pod is
+    placed where the disk is and is not evicted for filling it."""
+    from vllm_operator.models import InferenceService
+    from vllm_operator.render.deployment import build_deployment
+    from vllm_operator.tuning.memory import GIB as GiB
+    from vllm_operator.tuning.pod import CACHE_EXTRA_BYTES, CACHE_HEADROOM
+
+    body = {
+        "apiVersion": "inference.vllm-operator.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "llama", "namespace": "a", "uid": "u-1"},
+        "spec": {"model": {"source": {"huggingFace": {"repo": "meta-llama/Llama-3.1-8B"}}}},
+    }
+    svc = InferenceService.model_validate(body)
+    result = as_plan(plan_service(svc.spec, [gpus("L40S", 1)]))
+    expected = -(-int(result.predictions.weights_bytes * CACHE_HEADROOM + CACHE_EXTRA_BYTES) // GiB)
+    tuning = result.effective_tuning()
+    assert tuning.pod is not None and tuning.pod.cache_size == f"{expected}Gi"
+    assert 20 <= expected <= 24, "15 GiB of bf16 weights, 25 % and 2 GiB on top"
+    pod = build_deployment(svc, tuning, image="vllm:x", replicas=1)["spec"]["template"]["spec"]
+    cache = next(v for v in pod["volumes"] if v["name"] == "cache")
+    assert cache["emptyDir"] == {"sizeLimit": f"{expected}Gi"}
+    requests = pod["containers"][0]["resources"]["requests"]
+    assert requests["ephemeral-storage"] == f"{expected}Gi"
+    # Weights in the image: nothing is downloaded, nothing is asked for.
+    body["spec"]["model"] = {
+        "source": {"image": {"path": "/models/tiny"}},
+        "architecture": {"numLayers": 2, "hiddenSize": 256, "numAttentionHeads": 4,
+                         "vocabSize": 512, "maxPositionEmbeddings": 2048},
+    }  # fmt: skip
+    baked = InferenceService.model_validate(body)
+    assert as_plan(plan_service(baked.spec, [gpus("L40S", 1)])).pod.cache_bytes is None

@@ -965,6 +965,12 @@ class PlannedPod(ApiModel):
     interconnect: Literal["NVLink", "PCIe"] | None = Field(
         default=None, description="Interconnect class the replica's GPUs must share."
     )
+    cache_size: str | None = Field(
+        default=None,
+        description="Size of the pod's cache volume (/cache) when the weights are downloaded "
+        "into it from the Hub: the weights with headroom, the volume's sizeLimit and the "
+        "container's ephemeral-storage request (quantity). None when nothing is downloaded.",
+    )
 
 
 class EffectiveTuning(ApiModel):

@@ -167,6 +167,9 @@ def _resources(pod: PlannedPod, gpus: int, cpus: int) -> Manifest:
     # the process's memory and /dev/shm together, or NCCL's buffers get the pod OOM-killed.
     limit = format_mebibytes(memory + shm)
     requests: Manifest = {"cpu": str(cpus), "memory": format_mebibytes(memory)}
+    if pod.cache_size:
+        # The node disk the downloaded weights fill (the cache volume is an emptyDir).
+        requests["ephemeral-storage"] = pod.cache_size
     limits: Manifest = {"memory": limit}
     if pod.cpu_pinning:
         # Guaranteed QoS with integer CPUs: the kubelet's static CPU manager then gives
@@ -236,8 +239,9 @@ def _probe(path: str, *, period: int, timeout: int, failures: int) -> Manifest:
 def _volumes(isvc: InferenceService, pod: PlannedPod) -> tuple[list[Manifest], list[Manifest]]:
     volumes: list[Manifest] = [
         {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": pod.shm_size or DEFAULT_SHM}},
-        # Survives container restarts, so a crashed server reuses its compile cache.
-        {"name": "cache", "emptyDir": {}},
+        # Survives container restarts, so a crashed server reuses its compile cache (and
+        # the downloaded weights); sized by the plan when the weights are downloaded.
+        {"name": "cache", "emptyDir": {"sizeLimit": pod.cache_size} if pod.cache_size else {}},
     ]
     mounts: list[Manifest] = [
         {"name": "shm", "mountPath": SHM_MOUNT},

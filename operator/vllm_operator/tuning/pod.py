@@ -4,7 +4,7 @@ the spec's values win where it sets them (read leniently by :func:`spec_bytes`).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Final, Literal
 
 from vllm_operator.models.quantity import to_bytes
 from vllm_operator.tuning import lora
@@ -25,6 +25,13 @@ def spec_bytes(text: str) -> int | None:
         return to_bytes(text)
     except ValueError:
         return None
+
+
+# The download cache: the weights estimate with headroom (the estimate's error, the
+# tokenizer and config files), and room for vLLM's and torch's compile caches, which share
+# the volume (VLLM_CACHE_ROOT).
+CACHE_HEADROOM: Final = 1.25
+CACHE_EXTRA_BYTES: Final = 2 * GIB
 
 
 def pod_plan(ask: Ask, c: Candidate, load_seconds: float, weights_per_gpu: int) -> PodPlan:
@@ -138,6 +145,23 @@ def pod_plan(ask: Ask, c: Candidate, load_seconds: float, weights_per_gpu: int) 
             + ", at least 5 minutes",
         )
     )
+    # The cache volume the weights are downloaded into (an emptyDir: node disk).
+    cache: int | None = None
+    if ask.downloads_weights:
+        weights = weights_per_gpu * c.gpus_count
+        cache = round_up(int(weights * CACHE_HEADROOM) + CACHE_EXTRA_BYTES, GIB)
+        reasons.append(
+            Setting(
+                "cache-size",
+                gib_quantity(cache),
+                "Tuner",
+                f"the weights downloaded from the Hub ({gib(weights)}) plus "
+                f"{CACHE_HEADROOM - 1:.0%} for the estimate and the repository's other files "
+                f"and {CACHE_EXTRA_BYTES // GIB} GiB for vLLM's and torch's compile caches: "
+                "the cache volume's sizeLimit and the ephemeral-storage request, so the pod "
+                "lands on a node with that much disk and is not evicted for filling it",
+            )
+        )
     interconnect: Literal["NVLink", "PCIe"] | None = None
     if c.tp > 1 and c.link == "NVLink":
         interconnect = "NVLink"
@@ -157,4 +181,5 @@ def pod_plan(ask: Ask, c: Candidate, load_seconds: float, weights_per_gpu: int) 
         startup_seconds=startup,
         interconnect=interconnect,
         reasons=tuple(reasons),
+        cache_bytes=cache,
     )

@@ -62,6 +62,8 @@ class PodPlan:
     startup_seconds: int
     interconnect: Literal["NVLink", "PCIe"] | None
     reasons: tuple[Setting, ...]
+    # The cache volume the Hub download fills; None when nothing is downloaded.
+    cache_bytes: int | None = None
 
     def to_planned_pod(self) -> PlannedPod:
         return PlannedPod(
@@ -71,6 +73,7 @@ class PodPlan:
             cpu_pinning=self.cpu_pinning,
             startup_seconds=self.startup_seconds,
             interconnect=self.interconnect,
+            cache_size=gib_quantity(self.cache_bytes) if self.cache_bytes else None,
         )
 
 
