@@ -82,12 +82,9 @@ class ImageSource(ApiModel):
     )
 
 
-class ModelSource(ApiModel):
-    """Where the weights come from: exactly one of huggingFace, pvc, image."""
-
-    hugging_face: HuggingFaceSource | None = Field(default=None, description="Hugging Face.")
-    pvc: PVCSource | None = Field(default=None, description="A PersistentVolumeClaim.")
-    image: ImageSource | None = Field(default=None, description="A path in the image.")
+class _OneSource(ApiModel):
+    """Exactly one of the subclass's huggingFace, pvc and image sources (the model's, an
+    adapter's): the CEL rule at admission and its twin in the model."""
 
     model_config = cel_rules(
         {
@@ -99,9 +96,18 @@ class ModelSource(ApiModel):
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Self:
-        if sum(x is not None for x in (self.hugging_face, self.pvc, self.image)) != 1:
+        sources = (getattr(self, name) for name in ("hugging_face", "pvc", "image"))
+        if sum(x is not None for x in sources) != 1:
             raise ValueError("exactly one of huggingFace, pvc or image must be set")
         return self
+
+
+class ModelSource(_OneSource):
+    """Where the weights come from: exactly one of huggingFace, pvc, image."""
+
+    hugging_face: HuggingFaceSource | None = Field(default=None, description="Hugging Face.")
+    pvc: PVCSource | None = Field(default=None, description="A PersistentVolumeClaim.")
+    image: ImageSource | None = Field(default=None, description="A path in the image.")
 
 
 QuantizationMethod = Literal[
@@ -230,7 +236,7 @@ class AdapterHuggingFaceSource(ApiModel):
     )
 
 
-class AdapterSource(ApiModel):
+class AdapterSource(_OneSource):
     """Where an adapter's files (adapter_config.json, adapter_model.safetensors) are:
     exactly one of huggingFace, pvc, image."""
 
@@ -242,20 +248,6 @@ class AdapterSource(ApiModel):
         "out once, to mount it).",
     )
     image: ImageSource | None = Field(default=None, description="A folder in the image.")
-
-    model_config = cel_rules(
-        {
-            "rule": "[has(self.huggingFace), has(self.pvc), has(self.image)]"
-            ".filter(x, x).size() == 1",
-            "message": "exactly one of huggingFace, pvc or image must be set",
-        }
-    )
-
-    @model_validator(mode="after")
-    def _exactly_one(self) -> Self:
-        if sum(x is not None for x in (self.hugging_face, self.pvc, self.image)) != 1:
-            raise ValueError("exactly one of huggingFace, pvc or image must be set")
-        return self
 
 
 class Adapter(ApiModel):
