@@ -56,16 +56,6 @@ NODE_LABEL_GPU_PRODUCT: Final = "nvidia.com/gpu.product"
 NODE_LABEL_GPU_MEMORY_MIB: Final = "nvidia.com/gpu.memory"
 NODE_LABEL_GPU_COUNT: Final = "nvidia.com/gpu.count"
 NODE_LABEL_GPU_INTERCONNECT: Final = f"{GROUP}/gpu-interconnect"
-# The network between nodes, for multi-node plans (tuning/network.py): fabric, rate in
-# Gb/s, GPUDirect RDMA; and Node Feature Discovery's RDMA label, read when ours is absent.
-NODE_LABEL_NETWORK: Final = f"{GROUP}/network"
-NODE_LABEL_NETWORK_GBPS: Final = f"{GROUP}/network-gbps"
-NODE_LABEL_GPUDIRECT_RDMA: Final = f"{GROUP}/gpudirect-rdma"
-NODE_LABEL_NFD_RDMA_CAPABLE: Final = "feature.node.kubernetes.io/rdma.capable"
-# Where a multi-node group is kept together (LWS exclusive topology), finest first: our
-# rack label, then the well-known zone.
-NODE_LABEL_RACK: Final = f"{GROUP}/rack"
-NODE_LABEL_ZONE: Final = "topology.kubernetes.io/zone"
 
 # Extended resource a GPU pod requests.
 GPU_RESOURCE: Final = "nvidia.com/gpu"
@@ -89,3 +79,37 @@ OWN_MOUNTS: Final = (SHM_MOUNT, CACHE_MOUNT, MODEL_MOUNT, ADAPTER_MOUNT)
 # Resources the operator sets from spec.node and spec.gpu (spec.podTemplate.resources
 # adds others, such as ephemeral-storage or an RDMA device).
 OWN_RESOURCES: Final = ("cpu", "memory", "nvidia.com/gpu")
+
+# The model download Job (`vllm-operator download`, issue 17): the reason its result names,
+# which is also the ModelCache's condition reason, and the exit code of each, which the
+# Job's podFailurePolicy keys on. A permanent failure (codes 10-14; 2 is a usage error, a
+# bad rendering) stops the retries; anything else (the network, the Hub's 5xx) exits 1,
+# and the Job's next pod resumes where the last one stopped.
+DOWNLOAD_REASON_DOWNLOADED: Final = "Downloaded"
+DOWNLOAD_REASON_ALREADY_COMPLETE: Final = "AlreadyComplete"
+DOWNLOAD_REASON_TRANSIENT: Final = "TransientError"
+DOWNLOAD_REASON_INVALID_ARGUMENTS: Final = "InvalidArguments"
+DOWNLOAD_REASON_REPO_NOT_FOUND: Final = "RepoNotFound"
+DOWNLOAD_REASON_REVISION_NOT_FOUND: Final = "RevisionNotFound"
+# 401/403: a gated or private repo without a token, or with one that may not read it.
+DOWNLOAD_REASON_UNAUTHORIZED: Final = "Unauthorized"
+# Less free space on the volume than the files still missing, or ENOSPC while writing.
+DOWNLOAD_REASON_OUT_OF_SPACE: Final = "OutOfSpace"
+# A file's size or hash differs from the Hub's list even after a second download.
+DOWNLOAD_REASON_VERIFICATION_FAILED: Final = "VerificationFailed"
+DOWNLOAD_EXIT_CODES: Final[dict[str, int]] = {
+    DOWNLOAD_REASON_DOWNLOADED: 0,
+    DOWNLOAD_REASON_ALREADY_COMPLETE: 0,
+    DOWNLOAD_REASON_TRANSIENT: 1,
+    DOWNLOAD_REASON_INVALID_ARGUMENTS: 2,
+    DOWNLOAD_REASON_REPO_NOT_FOUND: 10,
+    DOWNLOAD_REASON_REVISION_NOT_FOUND: 11,
+    DOWNLOAD_REASON_UNAUTHORIZED: 12,
+    DOWNLOAD_REASON_OUT_OF_SPACE: 13,
+    DOWNLOAD_REASON_VERIFICATION_FAILED: 14,
+}
+# Written last into the model folder, once every file is there and verified: the repo, the
+# requested revision, the commit, the files with their sizes, and the bytes in all.
+DOWNLOAD_MARKER: Final = ".vllm-operator-complete.json"
+# The download's progress (phase, bytes and files done of total), served while it runs.
+DOWNLOAD_PROGRESS_PATH: Final = "/progress"
