@@ -56,6 +56,16 @@ NODE_LABEL_GPU_PRODUCT: Final = "nvidia.com/gpu.product"
 NODE_LABEL_GPU_MEMORY_MIB: Final = "nvidia.com/gpu.memory"
 NODE_LABEL_GPU_COUNT: Final = "nvidia.com/gpu.count"
 NODE_LABEL_GPU_INTERCONNECT: Final = f"{GROUP}/gpu-interconnect"
+# The network between nodes, for multi-node plans (tuning/network.py): fabric, rate in
+# Gb/s, GPUDirect RDMA; and Node Feature Discovery's RDMA label, read when ours is absent.
+NODE_LABEL_NETWORK: Final = f"{GROUP}/network"
+NODE_LABEL_NETWORK_GBPS: Final = f"{GROUP}/network-gbps"
+NODE_LABEL_GPUDIRECT_RDMA: Final = f"{GROUP}/gpudirect-rdma"
+NODE_LABEL_NFD_RDMA_CAPABLE: Final = "feature.node.kubernetes.io/rdma.capable"
+# Where a multi-node group is kept together (LWS exclusive topology), finest first: our
+# rack label, then the well-known zone.
+NODE_LABEL_RACK: Final = f"{GROUP}/rack"
+NODE_LABEL_ZONE: Final = "topology.kubernetes.io/zone"
 
 # Extended resource a GPU pod requests.
 GPU_RESOURCE: Final = "nvidia.com/gpu"
@@ -113,3 +123,8 @@ DOWNLOAD_EXIT_CODES: Final[dict[str, int]] = {
 DOWNLOAD_MARKER: Final = ".vllm-operator-complete.json"
 # The download's progress (phase, bytes and files done of total), served while it runs.
 DOWNLOAD_PROGRESS_PATH: Final = "/progress"
+# The failures another try cannot mend, reason → exit code: the Job's podFailurePolicy
+# fails the Job on these at once, and the reason becomes the ModelCache's Stalled reason.
+DOWNLOAD_PERMANENT_EXIT_CODES: Final[dict[str, int]] = {
+    reason: code for reason, code in DOWNLOAD_EXIT_CODES.items() if code not in (0, 1)
+}

@@ -25,6 +25,7 @@ inputs. Exit status: 0 a plan fits, 1 nothing fits (or the model's shape is unkn
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -36,7 +37,12 @@ from typing import Any, Final, Literal, TextIO
 import yaml
 from pydantic import ValidationError
 
-from vllm_operator.constants import DEFAULT_SERVING_IMAGE
+from vllm_operator.constants import (
+    DEFAULT_SERVING_IMAGE,
+    NODE_LABEL_GPUDIRECT_RDMA,
+    NODE_LABEL_NETWORK,
+    NODE_LABEL_NETWORK_GBPS,
+)
 from vllm_operator.models.gpu_node import GPUNode
 from vllm_operator.models.inference_service import (
     HuggingFaceSource,
@@ -60,6 +66,7 @@ from vllm_operator.releases.version import (
 )
 from vllm_operator.tuning import catalog, gpus
 from vllm_operator.tuning.architecture import ArchitectureError, from_config, missing_keys
+from vllm_operator.tuning.network import network_from_labels
 from vllm_operator.tuning.plan import plan, spec_only
 from vllm_operator.tuning.release import for_release, release_problem
 from vllm_operator.tuning.request import resolve_model
@@ -125,6 +132,15 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     hw.add_argument("--gpu-memory", type=_positive, metavar="MIB", help="memory per GPU, MiB")
     hw.add_argument("--gpu-node", metavar="FILE", help="a GPUNode manifest (uses its status)")
+    hw.add_argument(
+        "--network",
+        choices=["infiniband", "roce", "ethernet"],
+        help="the network between nodes, for a model no single node holds (default: ethernet)",
+    )
+    hw.add_argument("--network-gbps", type=_positive, metavar="GBPS", help="a node's NIC rate")
+    hw.add_argument(
+        "--gpudirect-rdma", action="store_true", help="the NICs read GPU memory directly"
+    )
     hw.add_argument("--gpus-per-replica", default="auto", help="GPUs per replica: auto or a number")
     m = parser.add_argument_group("model")
     m.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
@@ -306,6 +322,18 @@ def _model_spec(args: argparse.Namespace, base: ModelSpec | None) -> tuple[Model
 
 
 def _gpu_profile(args: argparse.Namespace) -> gpus.GPUProfile:
+    """The node's GPUs, with the network to other nodes as the flags give it (the labels
+    a node would carry: tuning/network.py)."""
+    labels = {
+        NODE_LABEL_NETWORK: args.network or "",
+        NODE_LABEL_NETWORK_GBPS: str(args.network_gbps or ""),
+        NODE_LABEL_GPUDIRECT_RDMA: "true" if args.gpudirect_rdma else "false",
+    }
+    network = network_from_labels({k: v for k, v in labels.items() if v})
+    return dataclasses.replace(_gpus(args), network=network)
+
+
+def _gpus(args: argparse.Namespace) -> gpus.GPUProfile:
     if args.gpu_node:
         data = _read_yaml(args.gpu_node, "GPUNode")
         try:
@@ -428,6 +456,7 @@ def tune(args: argparse.Namespace) -> tuple[TuningResult, ModelInput | None]:
         gpu_count=count,
         replicas=replicas,
         vllm_version=deployed.version,
+        across_nodes=True,
     )
     return for_release(planned, release, deployed, version_note), model
 
@@ -517,12 +546,21 @@ def _print_table(result: TuningResult, model: ModelInput | None, out: TextIO) ->
             args_rows = [(a.name, a.value, str(a.source), a.reason) for a in result.arguments]
             _table([("ARGUMENT", "VALUE", "SOURCE", "REASON"), *args_rows], out)
         return
-    print(
-        f"GPUs     {result.gpu.describe()}: {result.gpus_per_replica} per replica "
-        f"(GPUs {', '.join(map(str, result.gpu_indices))}), "
-        f"{result.replicas_per_node} replica(s) per node",
-        file=out,
-    )
+    if result.nodes > 1:
+        network = result.network.describe() if result.network else "network unknown"
+        print(
+            f"GPUs     {result.gpu.describe()} per node: {result.nodes} nodes per replica "
+            f"(one pipeline stage each, {result.gpus_per_pod} GPUs per node, {network}); "
+            "served as a LeaderWorkerSet group",
+            file=out,
+        )
+    else:
+        print(
+            f"GPUs     {result.gpu.describe()}: {result.gpus_per_replica} per replica "
+            f"(GPUs {', '.join(map(str, result.gpu_indices))}), "
+            f"{result.replicas_per_node} replica(s) per node",
+            file=out,
+        )
     print(f"\nvLLM {result.vllm_version or TESTED_VERSION} arguments", file=out)
     _table(
         [("NAME", "VALUE", "SOURCE", "REASON")]

@@ -58,6 +58,8 @@ PUBLISHED: dict[str, int] = {
     "mistralai/Mixtral-8x22B-v0.1": 141_000_000_000,  # Mistral AI: 141B
     "openai/gpt-oss-20b": 20_900_000_000,  # model card (arXiv 2508.10925): 20.9B
     "openai/gpt-oss-120b": 116_800_000_000,  # model card: 116.8B
+    "meta-llama/Llama-3.1-405B": 405_853_388_800,
+    "deepseek-ai/DeepSeek-V3": 671_000_000_000,  # model card: 671B without the MTP module
 }
 
 # Active parameters per token of the mixtures of experts, as their publishers state them.
@@ -66,6 +68,7 @@ PUBLISHED_ACTIVE: dict[str, int] = {
     "mistralai/Mixtral-8x22B-v0.1": 39_000_000_000,
     "Qwen/Qwen3-30B-A3B": 3_300_000_000,
     "Qwen/Qwen3-235B-A22B": 22_000_000_000,
+    "deepseek-ai/DeepSeek-V3": 37_000_000_000,
 }
 
 

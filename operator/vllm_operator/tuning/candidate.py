@@ -278,10 +278,14 @@ def gpu_choices(ask: Ask, gpu: GPUProfile) -> GpuChoices:
     )
 
 
-def candidate(ask: Ask, g: GpuChoices, tp: int, pp: int) -> Candidate | None:
-    """Evaluate ``tp`` x ``pp`` GPUs of the profile; None if the node has too few."""
+def candidate(
+    ask: Ask, g: GpuChoices, tp: int, pp: int, *, across_nodes: bool = False
+) -> Candidate | None:
+    """Evaluate ``tp`` x ``pp`` GPUs of the profile; None if the node has too few.
+    ``across_nodes``: each of the ``pp`` stages on its own node of this profile (a
+    multi-node plan, tuning/multinode.py), so one node needs only ``tp`` GPUs."""
     gpu = g.profile
-    group = gpu.best_group(tp * pp)
+    group = gpu.best_group(tp if across_nodes else tp * pp)
     if group is None:
         return None
     indices, link = group

@@ -394,6 +394,43 @@ MODELS: Final[tuple[CatalogModel, ...]] = (
             "tie_word_embeddings": False, "torch_dtype": "bfloat16",
         },
     ),
+    # --- Larger than one node (multi-node plans, tuning/multinode.py) -------------------
+    # meta-llama/Llama-3.1-405B/config.json as published on the Hub (the keys the tuner
+    # reads); its safetensors count, 405,853,388,800, is what the shape gives.
+    CatalogModel(
+        "meta-llama/Llama-3.1-405B",
+        405_853_388_800,
+        {
+            "model_type": "llama", "hidden_size": 16384, "intermediate_size": 53248,
+            "num_hidden_layers": 126, "num_attention_heads": 128, "num_key_value_heads": 8,
+            "head_dim": 128, "vocab_size": 128256, "max_position_embeddings": 131072,
+            "tie_word_embeddings": False, "torch_dtype": "bfloat16", **_LLAMA31,
+        },
+        aliases=("meta-llama/Meta-Llama-3.1-405B", "meta-llama/Llama-3.1-405B-Instruct"),
+    ),
+    # deepseek-ai/DeepSeek-V3/config.json as published on the Hub, with its FP8 block
+    # quantization_config (the checkpoint is FP8); the count is the shape's. Model card: 671B
+    # total (685B with the multi-token-prediction module, which vLLM loads only for
+    # speculative decoding), 37B activated; R1 shares the shape.
+    CatalogModel(
+        "deepseek-ai/DeepSeek-V3",
+        671_026_279_424,
+        {
+            "model_type": "deepseek_v3", "hidden_size": 7168, "intermediate_size": 18432,
+            "moe_intermediate_size": 2048, "num_hidden_layers": 61,
+            "num_attention_heads": 128, "num_key_value_heads": 128,
+            "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8,
+            "first_k_dense_replace": 3, "kv_lora_rank": 512, "q_lora_rank": 1536,
+            "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+            "vocab_size": 129280, "max_position_embeddings": 163840,
+            "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+            "quantization_config": {
+                "activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                "weight_block_size": [128, 128],
+            },
+        },
+        aliases=("deepseek-ai/DeepSeek-V3-0324", "deepseek-ai/DeepSeek-R1"),
+    ),
     # --- Llama 3.x distilled by DeepSeek -------------------------------------------------
     # deepseek-ai/DeepSeek-R1-Distill-Llama-8B/config.json at revision 6a6f4aa4 and its
     # safetensors count (8,030,261,248), captured in alain-ai-learning-platform

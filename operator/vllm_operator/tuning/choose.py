@@ -58,6 +58,10 @@ class Choice:
     # The GPU choices the candidate was built with, where the choice changed them (the
     # batch budget a TTFT objective needs); None: those the caller passed.
     gpu_choices: GpuChoices | None = None
+    # A multi-node choice (tuning/multinode.py): the nodes of one instance, one pipeline
+    # stage each, and why that many.
+    nodes: int = 1
+    pipeline_reason: str | None = None
 
 
 def choose_tp(ask: Ask, g: GpuChoices, ctx: Context) -> Choice | DoesNotFit:

@@ -35,6 +35,7 @@ from vllm_operator.constants import (
     NODE_LABEL_GPU_PRODUCT,
 )
 from vllm_operator.models.gpu_node import GPUNodeStatus, LinkKind
+from vllm_operator.tuning.network import Network, network_from_labels
 
 __all__ = [
     "CATALOG",
@@ -190,6 +191,9 @@ class GPUProfile:
     # Where the links came from when they were not read pair by pair ("nvlink" label...).
     links_assumed: bool = False
     notes: tuple[str, ...] = ()
+    # The network to other nodes (node labels; tuning/network.py): only a multi-node plan
+    # reads it. None where nothing was read (a product given to `vllm-operator tune`).
+    network: Network | None = None
 
     @property
     def name(self) -> str:
@@ -482,12 +486,14 @@ def node_profile(
     *,
     node: str | None = None,
 ) -> GPUProfile | None:
-    """A node's profile: from its GPUNode status when the agent wrote one, else its labels."""
-    if status is not None:
-        profile = profile_from_gpu_node(status, node=node)
-        if profile is not None:
-            return profile
-    return profile_from_labels(labels, node=node)
+    """A node's profile: from its GPUNode status when the agent wrote one, else its labels;
+    its network to other nodes from the labels either way."""
+    profile = profile_from_gpu_node(status, node=node) if status is not None else None
+    if profile is None:
+        profile = profile_from_labels(labels, node=node)
+    if profile is None:
+        return None
+    return dataclasses.replace(profile, network=network_from_labels(labels))
 
 
 def names() -> Sequence[str]:

@@ -39,6 +39,7 @@ ranks the plans of several GPU sets.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
@@ -54,10 +55,10 @@ from vllm_operator.models.inference_service import (
 from vllm_operator.models.workload import SLO, Workload
 from vllm_operator.releases.arguments import arguments_for
 from vllm_operator.releases.version import TESTED_VERSION, DeployedVersion, Version
-from vllm_operator.tuning import catalog
+from vllm_operator.tuning import catalog, multinode
 from vllm_operator.tuning.args import Setting, apply_overrides, read_overrides
 from vllm_operator.tuning.candidate import Candidate, GpuChoices, decode_estimate, gpu_choices
-from vllm_operator.tuning.choose import choose_tp
+from vllm_operator.tuning.choose import Choice, choose_tp
 from vllm_operator.tuning.gpus import GPUProfile, match_product
 from vllm_operator.tuning.lora import (
     DeclaredAdapter,
@@ -68,6 +69,8 @@ from vllm_operator.tuning.lora import (
     runtime_updating_env,
 )
 from vllm_operator.tuning.memory import GIB
+from vllm_operator.tuning.multinode import MIN_NNODES_VERSION, choose_across_nodes
+from vllm_operator.tuning.network import nccl_environment
 from vllm_operator.tuning.performance import (
     MEASURED_EFFICIENCY,
     SPEC_EFFICIENCY,
@@ -131,12 +134,37 @@ def _environment(g: GpuChoices, c: Candidate) -> list[Setting]:
 
 
 def _plan(ask: Ask, gpu: GPUProfile) -> Plan | DoesNotFit:
-    arch = ask.model.architecture
     g = gpu_choices(ask, gpu)
     ctx = context_of(ask)
     choice = choose_tp(ask, g, ctx)
     if isinstance(choice, DoesNotFit):
         return choice
+    return _build(ask, gpu, g, ctx, choice)
+
+
+def _plan_across_nodes(ask: Ask, gpu: GPUProfile, nodes_seen: int | None) -> Plan | None:
+    """A group over several nodes of this profile (tuning/multinode.py), or None: only for
+    nodes whose GPUs share NVLink (a PCIe workstation is offered quantization and larger
+    GPUs instead) and a vLLM release that launches across nodes itself."""
+    if gpu.model is None or not gpu.model.nvlink or gpu.count < 2:
+        return None
+    if gpu.links and gpu.worst_link(range(gpu.count)) != "NVLink":
+        return None
+    if ask.vllm_version < Version(*MIN_NNODES_VERSION):
+        return None
+    g = gpu_choices(ask, gpu)
+    ctx = context_of(ask)
+    choice = choose_across_nodes(ask, g, ctx, nodes_seen=nodes_seen)
+    if choice is None:
+        return None
+    result = _build(ask, gpu, g, ctx, choice)
+    return result if isinstance(result, Plan) else None
+
+
+def _build(
+    ask: Ask, gpu: GPUProfile, g: GpuChoices, ctx: Context, choice: Choice
+) -> Plan | DoesNotFit:
+    arch = ask.model.architecture
     c = choice.candidate
     g = choice.gpu_choices or g
     model_max = arch.max_position_embeddings
@@ -193,7 +221,11 @@ def _plan(ask: Ask, gpu: GPUProfile) -> Plan | DoesNotFit:
     arguments: list[Setting] = [
         Setting("tensor-parallel-size", str(c.tp), tp_source, choice.reason),
     ]
-    if c.pp > 1:
+    if c.pp > 1 and choice.pipeline_reason is not None:
+        arguments.append(
+            Setting("pipeline-parallel-size", str(c.pp), "Tuner", choice.pipeline_reason)
+        )
+    elif c.pp > 1:
         arguments.append(
             Setting("pipeline-parallel-size", str(c.pp), "Override", "set in overrides")
         )
@@ -229,7 +261,27 @@ def _plan(ask: Ask, gpu: GPUProfile) -> Plan | DoesNotFit:
         ),
         g.eager,
     ]
-    if c.gpus_count > 1:
+    network = multinode.network_of(g) if choice.nodes > 1 else None
+    if choice.nodes > 1:
+        assert network is not None
+        arguments += [
+            Setting(
+                "distributed-executor-backend",
+                "mp",
+                "Tuner",
+                "vLLM's own multi-node launch (--nnodes, --node-rank, --master-addr; workers "
+                "--headless): one process per GPU on every node joined by torch.distributed, "
+                "no Ray cluster to run beside it",
+            ),
+            Setting(
+                "nnodes",
+                str(choice.nodes),
+                "Tuner",
+                f"one pod per node in a LeaderWorkerSet group of {choice.nodes} "
+                f"({c.tp} GPUs each, {network.describe()} between them); the leader is rank 0",
+            ),
+        ]
+    elif c.gpus_count > 1:
         arguments.append(
             Setting(
                 "distributed-executor-backend",
@@ -265,7 +317,11 @@ def _plan(ask: Ask, gpu: GPUProfile) -> Plan | DoesNotFit:
 
     # Predictions.
     replica_kv = kv.bytes * c.gpus_count
-    decode = decode_estimate(ask, g, c, min(context, ctx.typical))
+    decode = (
+        multinode.decode_across_nodes(ask, g, c, min(context, ctx.typical))
+        if choice.nodes > 1
+        else decode_estimate(ask, g, c, min(context, ctx.typical))
+    )
     load = load_time(
         weights_bytes=c.weights,
         tensor_parallel=c.gpus_count,
@@ -298,7 +354,24 @@ def _plan(ask: Ask, gpu: GPUProfile) -> Plan | DoesNotFit:
             f"bytes per token per GPU; {kv.max_concurrency:.2f} requests of {context:,} tokens",
         ),
     ]
-    if decode is not None and bw is not None:
+    if decode is not None and bw is not None and network is not None:
+        hop = network.hop_seconds(arch.hidden_size * g.dtype_bytes)
+        prediction_reasons.append(
+            Setting(
+                "decode-tokens-per-second",
+                f"{decode.tokens_per_second:.1f}",
+                "Tuner",
+                f"roofline for one sequence of {min(context, ctx.typical):,} tokens through "
+                f"{c.pp} pipeline stages in turn: {gib(decode.bytes_per_gpu / c.pp)} read per "
+                f"stage per GPU at "
+                + _achieved(bw, measured=gpu.bandwidth_measured)
+                + f", {decode.communication_seconds * 1000:.2f} ms of all-reduce and "
+                f"{c.pp - 1} network hop(s) of ~{hop * 1e6:.0f} us ({network.describe()}); "
+                f"the pipeline bubble: one sequence keeps 1 of {c.pp} stages busy, so the "
+                f"aggregate rate grows with up to {c.pp} sequences in flight",
+            )
+        )
+    elif decode is not None and bw is not None:
         prediction_reasons.append(
             Setting(
                 "decode-tokens-per-second",
@@ -330,7 +403,7 @@ def _plan(ask: Ask, gpu: GPUProfile) -> Plan | DoesNotFit:
             f"{arch.sliding_window:,}-token sliding window; KV predictions approximate vLLM's "
             "hybrid allocator"
         )
-    replicas_per_node = gpu.count // c.gpus_count
+    replicas_per_node = max(1, gpu.count // c.gpus_count)
     if replicas_per_node > 1:
         notes.append(
             f"{gpu.describe()} holds {replicas_per_node} replicas of {c.gpus_count} GPU(s)"
@@ -346,14 +419,24 @@ def _plan(ask: Ask, gpu: GPUProfile) -> Plan | DoesNotFit:
         pipeline_parallel_size=c.pp,
         arguments=tuple(final_args),
         environment=tuple(_environment(g, c))
+        + (tuple(nccl_environment(network)) if network is not None else ())
         + ((runtime_updating_env(),) if ask.lora is not None else ()),
-        pod=pod_plan(ask, c, load.seconds, math.ceil(c.weights / c.gpus_count)),
+        # One pod per node: the pod plan of one stage (its tp GPUs, its share of weights).
+        pod=pod_plan(
+            ask,
+            dataclasses.replace(c, pp=1) if choice.nodes > 1 else c,
+            load.seconds,
+            math.ceil(c.weights / c.gpus_count),
+            download_bytes=c.weights if choice.nodes > 1 else None,
+        ),
         memory=c.memory,
         kv_cache=kv,
         predictions=predictions,
         prediction_reasons=tuple(prediction_reasons),
         notes=tuple(notes),
         replicas_per_node=replicas_per_node,
+        nodes=choice.nodes,
+        network=network,
     )
 
 
@@ -371,9 +454,14 @@ def plan(
     downloads_weights: bool = False,
     vllm_version: Version = TESTED_VERSION,
     lora: LoRAAsk | None = None,
+    across_nodes: bool = False,
+    nodes_seen: int | None = None,
 ) -> Plan | DoesNotFit:
     """Plan one replica of ``model`` on the GPU set ``gpu`` for vLLM ``vllm_version``
-    (its memory model: tuning/memory.py); ``lora``: serve LoRA adapters (tuning/lora.py)."""
+    (its memory model: tuning/memory.py); ``lora``: serve LoRA adapters (tuning/lora.py).
+    ``across_nodes``: when the model does not fit one such node, plan one instance over
+    several of them (tuning/multinode.py); ``nodes_seen``: how many nodes of the shape the
+    cluster has (a note when a group needs more), None when unknown."""
     tuning = tuning or TuningSpec()
     workload = workload or Workload()
     replicas = max(1, replicas)
@@ -399,7 +487,14 @@ def plan(
         else None,
         lora=_lora_plan(lora, tuning.overrides),
     )
-    return _plan(ask, gpu)
+    single = _plan(ask, gpu)
+    if (
+        across_nodes
+        and isinstance(single, DoesNotFit)
+        and single.reason in ("WeightsDoNotFit", "ContextDoesNotFit")
+    ):
+        return _plan_across_nodes(ask, gpu, nodes_seen) or single
+    return single
 
 
 def _lora_plan(lora: LoRAAsk | None, overrides: Mapping[str, str]) -> LoRAPlan | None:
@@ -553,6 +648,34 @@ def _plan_service(
     if plans:
         return min(plans, key=_rank)
     verdicts = [r for r in results if isinstance(r, DoesNotFit)]
+    # No single node holds it: one instance over several nodes of one shape, if any does.
+    groups = [
+        r
+        for g, v in zip(_unique(candidates), results, strict=True)
+        if isinstance(v, DoesNotFit)
+        and v.reason in ("WeightsDoNotFit", "ContextDoesNotFit")
+        and isinstance(
+            r := plan(
+                model,
+                g,
+                workload=spec.workload,
+                slo=spec.slo,
+                tuning=spec.tuning,
+                node=spec.node,
+                dtype=spec.model.dtype,
+                gpu_count=spec.gpu.count,
+                replicas=spec.replicas,
+                downloads_weights=hf,
+                vllm_version=version,
+                lora=lora_ask(spec),
+                across_nodes=True,
+                nodes_seen=sum(1 for p in candidates if _shape(p) == _shape(g)),
+            ),
+            Plan,
+        )
+    ]
+    if groups:
+        return min(groups, key=_rank)
     # The verdict for the roomiest GPU set says most about what would fit.
     return max(verdicts, key=_verdict_rank)
 
@@ -562,18 +685,24 @@ def _verdict_rank(v: DoesNotFit) -> tuple[int, int]:
     return (gpu.memory_bytes * gpu.count, gpu.count) if gpu else (0, 0)
 
 
-def _unique(profiles: Sequence[GPUProfile]) -> list[GPUProfile]:
-    """One profile per distinct GPU set (many nodes share a shape); order kept."""
-    seen: set[tuple[Any, ...]] = set()
-    result: list[GPUProfile] = []
-    key: Callable[[GPUProfile], tuple[Any, ...]] = lambda p: (  # noqa: E731
+def _shape(p: GPUProfile) -> tuple[Any, ...]:
+    """What makes two nodes' GPU sets the same for the planner."""
+    return (
         p.product,
         p.count,
         p.memory_bytes,
         p.links,
         p.bandwidth_bytes_per_second,
         p.compute_capability,
+        p.network,
     )
+
+
+def _unique(profiles: Sequence[GPUProfile]) -> list[GPUProfile]:
+    """One profile per distinct GPU set (many nodes share a shape); order kept."""
+    seen: set[tuple[Any, ...]] = set()
+    result: list[GPUProfile] = []
+    key: Callable[[GPUProfile], tuple[Any, ...]] = _shape
     for p in profiles:
         if key(p) not in seen:
             seen.add(key(p))

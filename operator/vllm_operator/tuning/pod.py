@@ -34,7 +34,14 @@ CACHE_HEADROOM: Final = 1.25
 CACHE_EXTRA_BYTES: Final = 2 * GIB
 
 
-def pod_plan(ask: Ask, c: Candidate, load_seconds: float, weights_per_gpu: int) -> PodPlan:
+def pod_plan(
+    ask: Ask,
+    c: Candidate,
+    load_seconds: float,
+    weights_per_gpu: int,
+    *,
+    download_bytes: int | None = None,
+) -> PodPlan:
     gpus = c.gpus_count
     node = ask.node
     reasons: list[Setting] = []
@@ -131,7 +138,10 @@ def pod_plan(ask: Ask, c: Candidate, load_seconds: float, weights_per_gpu: int) 
             Setting("cpu-pinning", "false", "Default", f"spec.node.cpuPinning is off{hint}")
         )
     # Startup budget: download, load, compile and capture, with a wide margin.
-    download = weights_per_gpu * c.gpus_count / 200e6 if ask.downloads_weights else 0.0
+    # What the pod downloads: its GPUs' weights, or the whole checkpoint where it serves
+    # one pipeline stage of a multi-node group (every node fetches every file).
+    fetched = download_bytes if download_bytes is not None else weights_per_gpu * c.gpus_count
+    download = fetched / 200e6 if ask.downloads_weights else 0.0
     compile_s = 0.0 if ask.pins.enforce_eager or ask.profile == "FastStart" else 120.0
     startup = max(300, round_up(int(60 + 2 * (download + load_seconds) + compile_s * 1.5), 60))
     reasons.append(
@@ -148,7 +158,7 @@ def pod_plan(ask: Ask, c: Candidate, load_seconds: float, weights_per_gpu: int) 
     # The cache volume the weights are downloaded into (an emptyDir: node disk).
     cache: int | None = None
     if ask.downloads_weights:
-        weights = weights_per_gpu * c.gpus_count
+        weights = fetched
         cache = round_up(int(weights * CACHE_HEADROOM) + CACHE_EXTRA_BYTES, GIB)
         reasons.append(
             Setting(

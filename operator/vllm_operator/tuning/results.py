@@ -20,6 +20,7 @@ from vllm_operator.tuning.architecture import Architecture
 from vllm_operator.tuning.args import Setting
 from vllm_operator.tuning.gpus import GPUProfile
 from vllm_operator.tuning.memory import GIB, GpuMemoryPlan, KVCacheCapacity
+from vllm_operator.tuning.network import Network
 from vllm_operator.tuning.quantization import UNQUANTIZED, WeightFormat
 
 FitReason = Literal[
@@ -98,11 +99,20 @@ class Plan:
     replicas_per_node: int
     # The vLLM release the arguments are spelled for (tuning.release.for_release).
     vllm_version: str | None = None
+    # Nodes of one instance (tuning/multinode.py: one pipeline stage, one pod each) and the
+    # network between them; 1 and None for a single-node plan.
+    nodes: int = 1
+    network: Network | None = None
     kind: Literal["Plan"] = "Plan"
 
     @property
     def gpus_per_replica(self) -> int:
         return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def gpus_per_pod(self) -> int:
+        """GPUs of one pod: all of the replica's, or one node's share across nodes."""
+        return self.gpus_per_replica // max(1, self.nodes)
 
     def argument(self, name: str) -> Setting | None:
         return next((a for a in self.arguments if a.name == name), None)
