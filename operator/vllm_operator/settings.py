@@ -64,6 +64,12 @@ DEFAULT_LOAD_RESOURCES = JobResources(
 )
 
 
+# The ModelCache download Job: mostly waiting on the network and the disk.
+DEFAULT_DOWNLOAD_RESOURCES = JobResources(
+    requests={"cpu": "250m", "memory": "256Mi"}, limits={"memory": "1Gi"}
+)
+
+
 class OperatorSettings(BaseSettings):
     """Settings of ``vllm-operator run``, from VLLM_OPERATOR_* environment variables."""
 
@@ -88,6 +94,11 @@ class OperatorSettings(BaseSettings):
         default=DEFAULT_LOAD_RESOURCES,
         description="Requests and limits of the InferenceBenchmark load Jobs' container "
         "(JSON, as warmup_resources). Less CPU than the load needs distorts the measurement.",
+    )
+    download_resources: JobResources = Field(
+        default=DEFAULT_DOWNLOAD_RESOURCES,
+        description="Requests and limits of the ModelCache download Jobs' container (JSON, "
+        "as warmup_resources).",
     )
     namespaces: list[str] = Field(
         default_factory=list,

@@ -24,11 +24,13 @@ from vllm_operator.constants import (
     GROUP,
     LABEL_BENCHMARK,
     LABEL_LOCK_TARGET,
+    LABEL_MODEL_CACHE,
     LABEL_SERVICE,
     LABEL_WARMUP_FOR,
     PLURAL_GPU_NODE,
     PLURAL_INFERENCE_BENCHMARK,
     PLURAL_INFERENCE_SERVICE,
+    PLURAL_MODEL_CACHE,
     VERSION,
 )
 from vllm_operator.k8s.api import ApiError
@@ -44,7 +46,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("vllm_operator")
 
 # The resources our CRDs define: a start without them would watch nothing and live on.
-OUR_RESOURCES = (PLURAL_INFERENCE_SERVICE, PLURAL_INFERENCE_BENCHMARK, PLURAL_GPU_NODE)
+OUR_RESOURCES = (
+    PLURAL_INFERENCE_SERVICE,
+    PLURAL_INFERENCE_BENCHMARK,
+    PLURAL_GPU_NODE,
+    PLURAL_MODEL_CACHE,
+)
 # Kopf retries a failed request (a watch's LIST among them) after these pauses, then the
 # watch starts over. Kopf's default (1, 1, 2, 3, 5, 8, 13, 21) left a watch asleep up to
 # 21 s after the apiserver was back: changes made meanwhile waited 29-71 s (issue 15,
@@ -196,6 +203,7 @@ async def inference_service_event(type: str | None, body: kopf.Body, memo: Any, 
 @kopf.on.event("batch", "v1", "jobs", labels={LABEL_WARMUP_FOR: kopf.PRESENT}, id="warmup-job")
 @kopf.on.event("batch", "v1", "jobs", labels={LABEL_BENCHMARK: kopf.PRESENT}, id="load-job")
 @kopf.on.event("batch", "v1", "jobs", labels={LABEL_LOCK_TARGET: kopf.PRESENT}, id="lock-job")
+@kopf.on.event("batch", "v1", "jobs", labels={LABEL_MODEL_CACHE: kopf.PRESENT}, id="download-job")
 async def labelled_event(
     type: str | None, body: kopf.Body, resource: kopf.Resource, memo: Any, **_: Any
 ) -> None:
@@ -218,6 +226,11 @@ async def inference_benchmark_event(
 ) -> None:
     target = ((body.get("spec") or {}).get("targetRef") or {}).get("name")
     _runtime(memo).on_inference_benchmark(namespace, name, target, event=type, body=dict(body))
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL_MODEL_CACHE)
+async def model_cache_event(type: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
+    _runtime(memo).on_model_cache(type, dict(body))
 
 
 def operator_identity() -> Identity:

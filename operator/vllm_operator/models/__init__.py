@@ -17,6 +17,7 @@ from vllm_operator.models.inference_service import (
     InferenceServiceSpec,
     InferenceServiceStatus,
 )
+from vllm_operator.models.model_cache import ModelCache, ModelCacheSpec, ModelCacheStatus
 
 __all__ = [
     "ApiModel",
@@ -30,4 +31,7 @@ __all__ = [
     "InferenceService",
     "InferenceServiceSpec",
     "InferenceServiceStatus",
+    "ModelCache",
+    "ModelCacheSpec",
+    "ModelCacheStatus",
 ]

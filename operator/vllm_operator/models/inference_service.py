@@ -82,32 +82,42 @@ class ImageSource(ApiModel):
     )
 
 
-class _OneSource(ApiModel):
-    """Exactly one of the subclass's huggingFace, pvc and image sources (the model's, an
-    adapter's): the CEL rule at admission and its twin in the model."""
+def _one_of(*names: str) -> str:
+    return f"exactly one of {', '.join(names[:-1])} or {names[-1]} must be set"
 
-    model_config = cel_rules(
-        {
-            "rule": "[has(self.huggingFace), has(self.pvc), has(self.image)]"
-            ".filter(x, x).size() == 1",
-            "message": "exactly one of huggingFace, pvc or image must be set",
-        }
-    )
+
+def _one_source_rule(*names: str) -> ConfigDict:
+    """The CEL rule of a source with these (camelCase) fields: exactly one is set."""
+    present = ", ".join(f"has(self.{name})" for name in names)
+    return cel_rules({"rule": f"[{present}].filter(x, x).size() == 1", "message": _one_of(*names)})
+
+
+class _OneSource(ApiModel):
+    """Exactly one of the subclass's fields, each a source (the model's, an adapter's): the
+    subclass's CEL rule (``_one_source_rule``) at admission and this twin in the model."""
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Self:
-        sources = (getattr(self, name) for name in ("hugging_face", "pvc", "image"))
-        if sum(x is not None for x in sources) != 1:
-            raise ValueError("exactly one of huggingFace, pvc or image must be set")
+        fields = type(self).model_fields
+        if sum(getattr(self, name) is not None for name in fields) != 1:
+            raise ValueError(_one_of(*(f.alias or name for name, f in fields.items())))
         return self
 
 
 class ModelSource(_OneSource):
-    """Where the weights come from: exactly one of huggingFace, pvc, image."""
+    """Where the weights come from: exactly one of huggingFace, pvc, image, cache."""
+
+    model_config = _one_source_rule("huggingFace", "pvc", "image", "cache")
 
     hugging_face: HuggingFaceSource | None = Field(default=None, description="Hugging Face.")
     pvc: PVCSource | None = Field(default=None, description="A PersistentVolumeClaim.")
     image: ImageSource | None = Field(default=None, description="A path in the image.")
+    cache: LocalObjectReference | None = Field(
+        default=None,
+        description="A ModelCache in the same namespace: its volume, downloaded once for "
+        "every service that names it, is mounted read-only and served from; the serving "
+        "pods never reach the Hub.",
+    )
 
 
 QuantizationMethod = Literal[
@@ -239,6 +249,8 @@ class AdapterHuggingFaceSource(ApiModel):
 class AdapterSource(_OneSource):
     """Where an adapter's files (adapter_config.json, adapter_model.safetensors) are:
     exactly one of huggingFace, pvc, image."""
+
+    model_config = _one_source_rule("huggingFace", "pvc", "image")
 
     hugging_face: AdapterHuggingFaceSource | None = Field(default=None, description="Hugging Face.")
     pvc: PVCSource | None = Field(

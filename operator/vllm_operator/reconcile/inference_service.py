@@ -47,6 +47,7 @@ from vllm_operator.reconcile.benchmark import (
     lock_holder,
 )
 from vllm_operator.reconcile.conditions import condition, find
+from vllm_operator.reconcile.model_cache import CacheUse, read_cache, use_cache
 from vllm_operator.reconcile.placement import (
     allocatable_gpus,
     fits_placement,
@@ -351,13 +352,27 @@ class Decision:
 
 
 def decide(
-    isvc: InferenceService, snap: Snapshot, settings: OperatorSettings, now: datetime
+    isvc: InferenceService,
+    snap: Snapshot,
+    settings: OperatorSettings,
+    now: datetime,
+    cache: CacheUse | None = None,
 ) -> Decision:
+    """``isvc`` as served: with a ModelCache, the service with the cache's claim as its
+    source (``cache``: what ``use_cache`` made of it)."""
+    cache = cache or CacheUse(isvc)
     planned = plan_inference_service(
-        isvc, snap.view.nodes, snap.view.gpu_nodes, default_image=settings.default_image
+        isvc,
+        snap.view.nodes,
+        snap.view.gpu_nodes,
+        default_image=settings.default_image,
+        config=cache.config,
+        model_name=cache.model_name,
     )
     tuning = planned.tuning
     problems = find_problems(isvc, tuning, snap, check_gpus=planned.does_not_fit is None)
+    if cache.stalled is not None:
+        problems.insert(0, cache.stalled)
     if planned.does_not_fit is not None:
         verdict = planned.does_not_fit
         problems.insert(0, Problem(verdict.reason, verdict.message))
@@ -374,9 +389,10 @@ def decide(
         children.append(hpa)
     if conflict is not None:
         problems.append(conflict)
-    if planned.does_not_fit is None:
+    if planned.does_not_fit is None and cache.stalled is None and cache.waiting is None:
         # Never a Deployment that will run out of memory: when nothing fits, the one
-        # running (if any) stays as it is until the spec or the nodes change.
+        # running (if any) stays as it is until the spec or the nodes change. Nor one
+        # before its ModelCache is usable: the pods would start on a half-written claim.
         children.append(
             build_deployment(
                 isvc, tuning, image=isvc.spec.image or settings.default_image, replicas=desired
@@ -642,12 +658,16 @@ async def _reconcile(
     http: httpx.AsyncClient | None = None,
 ) -> Outcome:
     ns = isvc.metadata.namespace
-    snap = await gather(api, isvc, view)
-    decision = decide(isvc, snap, settings, now)
-    deployment, rejected = await _apply_children(api, isvc, decision, snap.live, applied)
+    # With a ModelCache, everything below sees the service as served: from the cache's
+    # claim (the status is still the service's own).
+    cache = use_cache(isvc, await read_cache(api, isvc))
+    served = cache.service
+    snap = await gather(api, served, view)
+    decision = decide(served, snap, settings, now, cache)
+    deployment, rejected = await _apply_children(api, served, decision, snap.live, applied)
     await apply_writes(api, decision.warmup.writes)
     # The adapters of spec.adapters into every server that answers, none restarted.
-    adapters = await sync_adapters(http, isvc, decision.tuning, snap.pods)
+    adapters = await sync_adapters(http, served, decision.tuning, snap.pods)
 
     problems = decision.problems + rejected
     warm = decision.warmup.seen
@@ -669,6 +689,7 @@ async def _reconcile(
         scale_down_blocked_by=decision.scale_down_blocked_by,
         last_benchmark=decision.last_benchmark,
         adapters=adapters,
+        waiting=cache.waiting,
     )
     status = compute_status(isvc, observed, now=now)
     old = _stored_status(body)

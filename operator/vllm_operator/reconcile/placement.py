@@ -12,8 +12,9 @@ model's shape is unknown.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from pydantic import ValidationError
 
@@ -154,13 +155,19 @@ def plan_inference_service(
     gpu_nodes: list[Manifest],
     *,
     default_image: str = DEFAULT_SERVING_IMAGE,
+    config: Mapping[str, Any] | None = None,
+    model_name: str | None = None,
 ) -> PlanOutcome:
-    """The tuning in force for ``isvc`` on this cluster's nodes."""
+    """The tuning in force for ``isvc`` on this cluster's nodes. ``config``: the model's
+    config.json where the operator has it (a ModelCache's download read it);
+    ``model_name``: the repository it came from, for the catalog (else the service's
+    name)."""
     profiles = gpu_profiles(candidate_nodes(isvc, nodes), gpu_nodes)
     result = plan_service(
         _planning_spec(isvc),
         profiles,
-        name=isvc.metadata.name,
+        config=config,
+        name=model_name or isvc.metadata.name,
         version=deployed_version_of(isvc, default_image=default_image),
     )
     if isinstance(result, Plan):

@@ -51,6 +51,9 @@ class Observed:
     last_benchmark: BenchmarkSummary | None = None
     # The LoRA adapters on the running servers, when the plan has LoRA on.
     adapters: AdaptersObserved | None = None
+    # What the service waits for before anything is rolled out (a ModelCache still
+    # downloading): Ready=False and Reconciling=True with its reason, not Stalled.
+    waiting: Problem | None = None
 
 
 def _live(pods: list[Manifest]) -> list[Manifest]:
@@ -118,6 +121,9 @@ def compute_status(
 
     if stalled is not None:
         ready_cond = cond("Ready", False, stalled.reason, stalled.message)
+    elif observed.waiting is not None:
+        ready_cond = cond("Ready", False, observed.waiting.reason, observed.waiting.message)
+        progress = observed.waiting.message
     elif desired == 0 and complete:
         ready_cond = cond("Ready", True, "ScaledToZero", "No replicas are wanted.")
     elif complete:

@@ -18,7 +18,7 @@ from pydantic.json_schema import GenerateJsonSchema, NoDefault
 from pydantic_core import core_schema
 
 from vllm_operator.constants import GROUP, VERSION
-from vllm_operator.models import GPUNode, InferenceBenchmark, InferenceService
+from vllm_operator.models import GPUNode, InferenceBenchmark, InferenceService, ModelCache
 
 Schema = dict[str, Any]
 
@@ -320,6 +320,39 @@ def gpu_node_crd() -> Schema:
     )
 
 
+def model_cache_crd() -> Schema:
+    """The ModelCache CRD."""
+    return _crd(
+        kind="ModelCache",
+        plural="modelcaches",
+        singular="modelcache",
+        scope="Namespaced",
+        short_names=["vmc"],
+        schema=_root_schema(ModelCache, spec_required=True),
+        columns=[
+            _ready_column(),
+            {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+            {"name": "Repo", "type": "string", "jsonPath": ".spec.source.huggingFace.repo"},
+            {"name": "Downloaded", "type": "integer", "jsonPath": ".status.bytesDownloaded"},
+            {"name": "Total", "type": "integer", "jsonPath": ".status.bytesTotal"},
+            {"name": "Claim", "type": "string", "jsonPath": ".status.claimName"},
+            {
+                "name": "Commit",
+                "type": "string",
+                "priority": 1,
+                "jsonPath": ".status.commit",
+            },
+            {
+                "name": "Reason",
+                "type": "string",
+                "priority": 1,
+                "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
+            },
+            _AGE,
+        ],
+    )
+
+
 def all_crds() -> list[Schema]:
     """Every CRD of the project, in a stable order."""
-    return [inference_service_crd(), inference_benchmark_crd(), gpu_node_crd()]
+    return [inference_service_crd(), inference_benchmark_crd(), gpu_node_crd(), model_cache_crd()]

@@ -23,6 +23,7 @@ from vllm_operator.constants import (
     KIND_INFERENCE_BENCHMARK,
     LABEL_BENCHMARK,
     LABEL_LOCK_TARGET,
+    LABEL_MODEL_CACHE,
     LABEL_SERVICE,
     LABEL_WARMUP_FOR,
 )
@@ -67,8 +68,9 @@ WATCHED: Final[Mapping[str, tuple[str, tuple[str, ...] | None]]] = {
     "PodDisruptionBudget": ("policy/v1", (LABEL_SERVICE,)),
     "HorizontalPodAutoscaler": ("autoscaling/v2", (LABEL_SERVICE,)),
     "Pod": ("v1", (LABEL_SERVICE,)),
-    # Warmup Jobs, benchmark load Jobs, and anyone's Job holding a scale-down lock.
-    "Job": ("batch/v1", (LABEL_WARMUP_FOR, LABEL_BENCHMARK, LABEL_LOCK_TARGET)),
+    # Warmup Jobs, benchmark load Jobs, anyone's Job holding a scale-down lock, and the
+    # ModelCaches' download Jobs.
+    "Job": ("batch/v1", (LABEL_WARMUP_FOR, LABEL_BENCHMARK, LABEL_LOCK_TARGET, LABEL_MODEL_CACHE)),
     KIND_INFERENCE_BENCHMARK: (API_VERSION, None),
 }
 

@@ -1,7 +1,8 @@
 """What runs on the work queue, and what puts keys on it.
 
 A key is ``(kind, namespace, name)``: ``isvc`` reconciles an InferenceService, ``bench``
-an InferenceBenchmark, ``scale`` takes one autoscaler reading of an InferenceService. The
+an InferenceBenchmark, ``cache`` a ModelCache, ``scale`` takes one autoscaler reading of
+an InferenceService. The
 watch events (through vllm_operator.handlers) and the periodic resync only add keys;
 ``Runtime.work`` runs the one reconcile for a key and says when to come back.
 """
@@ -26,8 +27,10 @@ from vllm_operator.constants import (
     API_VERSION,
     KIND_INFERENCE_BENCHMARK,
     KIND_INFERENCE_SERVICE,
+    KIND_MODEL_CACHE,
     LABEL_BENCHMARK,
     LABEL_LOCK_TARGET,
+    LABEL_MODEL_CACHE,
     LABEL_SERVICE,
     LABEL_WARMUP_FOR,
 )
@@ -44,6 +47,7 @@ from vllm_operator.reconcile.inference_service import (
     reconcile_inference_service,
     report_repeated_error,
 )
+from vllm_operator.reconcile.model_cache import reconcile_model_cache
 from vllm_operator.runtime.cache import WATCHED, CachedAPI, ObjectCache, WatchStore
 from vllm_operator.runtime.health import stuck
 from vllm_operator.runtime.queue import WorkQueue
@@ -56,6 +60,7 @@ Key = tuple[str, str, str]
 ISVC: Final = "isvc"
 BENCH: Final = "bench"
 SCALE: Final = "scale"
+CACHE: Final = "cache"
 # A benchmark waiting for its target or dataset is looked at again this soon.
 PENDING_BENCHMARK_SECONDS: Final = 5.0
 # An internal error (500) that the same service gets this many passes in a row, the same
@@ -64,10 +69,11 @@ PENDING_BENCHMARK_SECONDS: Final = 5.0
 REPEATS_UNTIL_STALLED: Final = 5
 
 _KIND_OF: Final = {ISVC: KIND_INFERENCE_SERVICE, BENCH: KIND_INFERENCE_BENCHMARK,
-                   SCALE: KIND_INFERENCE_SERVICE}  # fmt: skip
+                   SCALE: KIND_INFERENCE_SERVICE, CACHE: KIND_MODEL_CACHE}  # fmt: skip
 
 ServiceReconcile = Callable[..., Awaitable[Outcome]]
 BenchmarkReconcile = Callable[..., Awaitable[str]]
+CacheReconcile = Callable[..., Awaitable[float | None]]
 Autoscale = Callable[..., Awaitable[float | None]]
 
 
@@ -97,6 +103,10 @@ class Runtime:
     # The reconciles a key's turn runs (the tests give their own).
     reconcile_service: ServiceReconcile = reconcile_inference_service
     reconcile_benchmark: BenchmarkReconcile = reconcile_inference_benchmark
+    reconcile_cache: CacheReconcile = reconcile_model_cache
+    # (namespace, ModelCache name) → the InferenceServices naming it, as their events
+    # showed them: a cache's change (its download done) reaches them at once.
+    cache_users: dict[tuple[str, str], set[str]] = field(default_factory=dict)
     autoscale: Autoscale = autoscale_inference_service
     # The autoscaler's memory of each service between readings.
     scaler_states: dict[str, ScalerState] = field(default_factory=dict)
@@ -229,6 +239,8 @@ class Runtime:
         try:
             if kind == BENCH:
                 again = await self._work_benchmark(key)
+            elif kind == CACHE:
+                again = await self._work_cache(key)
             elif kind == SCALE:
                 again = await self._work_autoscale(key)
             else:
@@ -348,6 +360,37 @@ class Runtime:
         self.queue.forget(key)
         return PENDING_BENCHMARK_SECONDS if phase == "Pending" else None
 
+    async def _work_cache(self, key: Key) -> float | None:
+        """A ModelCache's turn; a cache being deleted is reconciled too (its finalizer
+        goes once no service names it)."""
+        _, namespace, name = key
+        body = await self.api.get(API_VERSION, KIND_MODEL_CACHE, name, namespace)
+        self.unreachable.discard(key)
+        self._progressed()
+        if body is None:
+            self.queue.forget(key)
+            return None
+        with RECONCILE_SECONDS.labels(KIND_MODEL_CACHE).time():
+            try:
+                again = await self.reconcile_cache(
+                    self.api, body, settings=self.settings, http=self.http
+                )
+            except ApiError as err:
+                if err.namespace_terminating:
+                    self.queue.forget(key)
+                    return None
+                RECONCILES.labels(KIND_MODEL_CACHE, "retry").inc()
+                delay = self._failed(key, err)
+                log.warning(
+                    "Reconcile of ModelCache %s/%s failed: %s; retrying in %.0f s.",
+                    namespace, name, err, delay,
+                    extra={"object": f"{namespace}/{name}", "error": str(err), "delay": delay},
+                )  # fmt: skip
+                return delay
+        RECONCILES.labels(KIND_MODEL_CACHE, "ok").inc()
+        self.queue.forget(key)
+        return again
+
     async def _work_autoscale(self, key: Key) -> float | None:
         """One autoscaler reading; it schedules the next one itself while autoscaling is on.
         Its pods and lock Jobs come from the watch store, as the service reconcile's do
@@ -445,6 +488,7 @@ class Runtime:
         namespace, name = meta.get("namespace"), meta.get("name")
         if not namespace or not name:
             return
+        self._track_cache_use(namespace, name, body, gone=event == "DELETED")
         if event == "DELETED":
             self.seen.pop((namespace, name), None)
             self.queue.add((ISVC, namespace, name))
@@ -457,6 +501,32 @@ class Runtime:
         spec, status = body.get("spec") or {}, body.get("status") or {}
         if (spec.get("autoscaling") or {}).get("enabled") or status.get("autoscaling"):
             self.schedule_autoscaler(namespace, name)
+
+    def _track_cache_use(self, namespace: str, name: str, body: Manifest, *, gone: bool) -> None:
+        """Keep ``cache_users`` current; the ModelCache a service names (or named) is
+        reconciled, since its status lists its users and its deletion waits for them."""
+        source = ((body.get("spec") or {}).get("model") or {}).get("source") or {}
+        now = None if gone else (source.get("cache") or {}).get("name")
+        for (ns, cache), users in list(self.cache_users.items()):
+            if ns == namespace and name in users and cache != now:
+                users.discard(name)
+                self.queue.add((CACHE, ns, cache))
+        if now:
+            users = self.cache_users.setdefault((namespace, now), set())
+            if name not in users:
+                users.add(name)
+                self.queue.add((CACHE, namespace, now))
+
+    def on_model_cache(self, event: str | None, body: Manifest) -> None:
+        """A ModelCache changed: it is reconciled, and so are the services that name it
+        (its download finished, or it failed)."""
+        meta = body.get("metadata") or {}
+        namespace, name = meta.get("namespace"), meta.get("name")
+        if not namespace or not name:
+            return
+        self.queue.add((CACHE, namespace, name))
+        for user in self.cache_users.get((namespace, name), ()):
+            self.queue.add((ISVC, namespace, user))
 
     def on_labelled(
         self, body: Manifest, event: str | None = None, kind: str | None = None
@@ -475,6 +545,8 @@ class Runtime:
                 self.queue.add((ISVC, namespace, owner))
         if bench := labels.get(LABEL_BENCHMARK):
             self.queue.add((BENCH, namespace, bench))
+        if cache := labels.get(LABEL_MODEL_CACHE):
+            self.queue.add((CACHE, namespace, cache))
 
     def on_inference_benchmark(
         self,

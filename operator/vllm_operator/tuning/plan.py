@@ -613,8 +613,8 @@ def _plan_service(
         return spec_only(
             spec,
             f"the model's architecture is unknown: {wanted} is not in the tuner's catalog; "
-            "set spec.model.architecture (the operator does not read the model's "
-            "config.json from the cluster; `vllm-operator tune FOLDER` reads it offline)"
+            "set spec.model.architecture, or serve it from a ModelCache, whose download "
+            "reads its config.json (`vllm-operator tune FOLDER` reads one offline)"
             + (f" (nearest catalog names: {', '.join(near)})" if near else ""),
         )
     candidates = [g for g in gpus if _matches(spec.gpu.products, g)]
