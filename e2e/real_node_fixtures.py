@@ -200,7 +200,9 @@ def chart_operator(
         jobs = {"warmupResources": {"requests": {"cpu": "0", "memory": "64Mi"},
                                     "limits": {"memory": "512Mi"}},
                 "loadResources": {"requests": {"cpu": "0", "memory": "256Mi"},
-                                  "limits": {"memory": "2Gi"}}}  # fmt: skip
+                                  "limits": {"memory": "2Gi"}},
+                "downloadResources": {"requests": {"cpu": "0", "memory": "128Mi"},
+                                      "limits": {"memory": "1Gi"}}}  # fmt: skip
         install_operator(
             cluster,
             namespace=OPERATOR_NAMESPACE,

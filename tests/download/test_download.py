@@ -82,6 +82,8 @@ def test_a_download_fills_the_folder_and_writes_the_marker(
     }
     assert result.termination is not None and result.termination.items() >= expected.items()
     assert result.document == result.termination
+    # The model's config.json goes with the result: the operator plans from it.
+    assert result.termination["config"] == json.loads((tiny_model_dir / "config.json").read_text())
     # Every file once, nothing more.
     stats = control(hub, "stats")
     assert served(stats, WEIGHTS) == repo.files[WEIGHTS].size
@@ -364,3 +366,19 @@ def test_progress_is_served_while_downloading(hub: hub_standin.Running, tmp_path
     assert any(0 < d["bytesDownloaded"] - 22_000 < repo.files[WEIGHTS].size for d in downloading)
     final = json.loads((tmp_path / "log").read_text())
     assert final["phase"] == "Complete" and final["bytesDownloaded"] == total
+
+
+def test_the_report_carries_config_json_within_the_termination_limit() -> None:
+    from vllm_operator.download.report import TERMINATION_MESSAGE_LIMIT, Phase, Report
+
+    config = {
+        "num_hidden_layers": 2,
+        "hidden_size": 256,
+        "id2label": {str(i): "x" * 40 for i in range(200)},
+    }
+    report = Report(phase=Phase.COMPLETE, config=config)
+    doc = json.loads(report.termination_message())
+    assert len(report.termination_message().encode()) <= TERMINATION_MESSAGE_LIMIT
+    assert doc["config"] == {"num_hidden_layers": 2, "hidden_size": 256}  # the label map went
+    small = Report(phase=Phase.COMPLETE, config={"hidden_size": 256})
+    assert json.loads(small.termination_message())["config"] == {"hidden_size": 256}

@@ -65,6 +65,9 @@ class Report:
     files_total: int = 0
     reason: str | None = None
     message: str = ""
+    # The model's config.json once the download is complete: the operator plans the
+    # services that use the cache from it.
+    config: dict[str, object] | None = None
     on_disk: Callable[[], int] = field(default=lambda: 0, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -89,6 +92,8 @@ class Report:
                 "reason": self.reason,
                 "message": self.message,
             }
+            if self.config is not None:
+                doc["config"] = self.config
         try:
             doc["bytesDownloaded"] = on_disk()
         except OSError as exc:  # a file renamed under the scan: the next poll is right
@@ -99,6 +104,16 @@ class Report:
         """Compact JSON within Kubernetes' termination-message limit."""
         doc = self.document()
         text = json.dumps(doc, separators=(",", ":"))
+        config = doc.get("config")
+        if len(text.encode()) > TERMINATION_MESSAGE_LIMIT and isinstance(config, dict):
+            # Its long entries first (label maps, auto_map); the shape the tuner reads is
+            # numbers and short strings. Then none at all: the tuner falls back to its
+            # catalog.
+            doc["config"] = {k: v for k, v in config.items() if len(json.dumps(v)) <= 256}
+            text = json.dumps(doc, separators=(",", ":"))
+            if len(text.encode()) > TERMINATION_MESSAGE_LIMIT:
+                del doc["config"]
+                text = json.dumps(doc, separators=(",", ":"))
         while len(text.encode()) > TERMINATION_MESSAGE_LIMIT:
             message = str(doc["message"])
             doc["message"] = message[: max(len(message) - 256, 0)] + "…"

@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import re
 import time
@@ -170,6 +171,7 @@ def _download(options: DownloadOptions, report: Report) -> str:
             )
     folder.write_marker(snapshot)
     report.update(
+        config=_config(dest),
         phase=Phase.COMPLETE,
         reason=DOWNLOAD_REASON_DOWNLOADED,
         message=f"{snapshot.repo}@{snapshot.revision} is complete in {dest} at commit "
@@ -228,11 +230,21 @@ def _already_complete(report: Report, marker: dict[str, object], options: Downlo
         files_total=count,
         files_done=count,
         on_disk=lambda: total,
+        config=_config(options.dest),
         reason=DOWNLOAD_REASON_ALREADY_COMPLETE,
         message=f"{options.repo}@{options.revision} was already complete in {options.dest} "
         f"at commit {marker.get('commit')}: nothing downloaded.",
     )
     return DOWNLOAD_REASON_ALREADY_COMPLETE
+
+
+def _config(dest: Path) -> dict[str, object] | None:
+    """The model's config.json in ``dest``, when it has one that is a JSON object."""
+    try:
+        config = json.loads((dest / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
 
 
 def _size(n: int) -> str:
