@@ -20,7 +20,6 @@ import json
 from typing import Final
 
 from vllm_operator.constants import (
-    API_VERSION,
     KIND_INFERENCE_BENCHMARK,
     LABEL_BENCHMARK,
     LABEL_COMPONENT,
@@ -33,7 +32,7 @@ from vllm_operator.constants import (
 )
 from vllm_operator.models import InferenceBenchmark
 from vllm_operator.models.base import Manifest
-from vllm_operator.render.meta import restricted_security_context
+from vllm_operator.render.meta import controller_reference, restricted_security_context
 
 SPEC_MOUNT: Final = "/etc/vllm-operator/benchmark"
 # Not below SPEC_MOUNT: each input is a volume of its own.
@@ -74,18 +73,8 @@ def _labels(bench: InferenceBenchmark, component: str) -> dict[str, str]:
 
 
 def _owned_by_benchmark(bench: InferenceBenchmark) -> list[Manifest]:
-    if not bench.metadata.uid:
-        raise ValueError(f"InferenceBenchmark {bench.metadata.name} has no uid yet")
-    return [
-        {
-            "apiVersion": API_VERSION,
-            "kind": KIND_INFERENCE_BENCHMARK,
-            "name": bench.metadata.name,
-            "uid": bench.metadata.uid,
-            "controller": True,
-            "blockOwnerDeletion": True,
-        }
-    ]
+    meta = bench.metadata
+    return [controller_reference(KIND_INFERENCE_BENCHMARK, meta.name, meta.uid)]
 
 
 def build_spec_config_map(bench: InferenceBenchmark) -> Manifest:

@@ -57,19 +57,25 @@ def common_labels(isvc: InferenceService, component: str) -> dict[str, str]:
     }
 
 
-def owner_reference(isvc: InferenceService) -> Manifest:
-    """Makes the InferenceService the controller of a child, so garbage collection
-    removes the child with it (no finalizer needed)."""
-    if not isvc.metadata.uid:
-        raise ValueError(f"InferenceService {isvc.metadata.name} has no uid yet")
+def controller_reference(kind: str, name: str, uid: str | None) -> Manifest:
+    """Makes an object of ours (``kind`` of our API group) the controller of a child, so
+    garbage collection removes the child with it."""
+    if not uid:
+        raise ValueError(f"{kind} {name} has no uid yet")
     return {
         "apiVersion": API_VERSION,
-        "kind": KIND_INFERENCE_SERVICE,
-        "name": isvc.metadata.name,
-        "uid": isvc.metadata.uid,
+        "kind": kind,
+        "name": name,
+        "uid": uid,
         "controller": True,
         "blockOwnerDeletion": True,
     }
+
+
+def owner_reference(isvc: InferenceService) -> Manifest:
+    """Makes the InferenceService the controller of a child, so garbage collection
+    removes the child with it (no finalizer needed)."""
+    return controller_reference(KIND_INFERENCE_SERVICE, isvc.metadata.name, isvc.metadata.uid)
 
 
 def child_metadata(isvc: InferenceService, name: str, component: str) -> Manifest:

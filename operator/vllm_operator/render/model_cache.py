@@ -15,7 +15,6 @@ from __future__ import annotations
 from typing import Final
 
 from vllm_operator.constants import (
-    API_VERSION,
     DOWNLOAD_PERMANENT_EXIT_CODES,
     KIND_MODEL_CACHE,
     LABEL_COMPONENT,
@@ -27,7 +26,7 @@ from vllm_operator.constants import (
 )
 from vllm_operator.models.base import Manifest
 from vllm_operator.models.model_cache import ModelCache
-from vllm_operator.render.meta import restricted_security_context
+from vllm_operator.render.meta import controller_reference, restricted_security_context
 
 # Where the download Job mounts the claim, and the model's folder in it.
 JOB_MOUNT: Final = "/cache"
@@ -66,18 +65,8 @@ def cache_labels(cache: ModelCache, component: str) -> dict[str, str]:
 
 
 def _owned_by_cache(cache: ModelCache) -> list[Manifest]:
-    if not cache.metadata.uid:
-        raise ValueError(f"ModelCache {cache.metadata.name} has no uid yet")
-    return [
-        {
-            "apiVersion": API_VERSION,
-            "kind": KIND_MODEL_CACHE,
-            "name": cache.metadata.name,
-            "uid": cache.metadata.uid,
-            "controller": True,
-            "blockOwnerDeletion": True,
-        }
-    ]
+    meta = cache.metadata
+    return [controller_reference(KIND_MODEL_CACHE, meta.name, meta.uid)]
 
 
 def build_claim(cache: ModelCache, size: str, *, owned: bool = True) -> Manifest:
