@@ -290,7 +290,7 @@ def test_a_cache_downloads_once_resumes_and_serves_two_services(
 ) -> None:
     ns = cache_ns
     # Slow enough to catch the Job mid-file: 2.9 MB at 200 kB/s is ~15 s.
-    httpx.post(f"{_hub(cluster, ns)}/_throttle?bytesPerSecond=200000", timeout=10)
+    _control(cluster, ns, "_throttle?bytesPerSecond=200000")
     _control(cluster, ns, "_reset")
     cluster.apply(_cache("tiny"), namespace=ns)
 

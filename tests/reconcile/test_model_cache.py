@@ -460,3 +460,27 @@ def test_the_job_fails_at_once_on_permanent_exit_codes_and_ignores_disruptions()
     assert pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
     claim = build_claim(cache, "1Gi", owned=False)
     assert "ownerReferences" not in claim["metadata"]
+
+
+async def test_a_ready_cache_stays_ready_without_its_token_and_reads_neither() -> None:
+    cache = copy.deepcopy(CACHE)
+    cache["spec"]["source"]["huggingFace"]["tokenSecretRef"] = {"name": "hub", "key": "token"}
+    api = _cluster(cache)
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "hub", "namespace": "team-a"},
+        "data": {"token": "c2VjcmV0"},
+    }
+    api.put(secret)
+    await _pass(api)
+    _job_done(api, "Complete", {"phase": "Complete", "commit": "abc", "bytesTotal": 1})
+    await _pass(api)
+    assert _status(api)["phase"] == "Ready"
+    del api.objects[("v1", "Secret", "team-a", "hub")]
+    api.calls.clear()
+    await _pass(api)
+    assert _status(api)["phase"] == "Ready"
+    assert [c for c in api.calls if c[0] == "get"] == [
+        ("get", "PersistentVolumeClaim", "tiny-weights")
+    ]

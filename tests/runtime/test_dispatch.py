@@ -17,6 +17,7 @@ from vllm_operator.constants import (
     API_VERSION,
     KIND_INFERENCE_BENCHMARK,
     KIND_INFERENCE_SERVICE,
+    KIND_MODEL_CACHE,
     LABEL_BENCHMARK,
     LABEL_LOCK_TARGET,
     LABEL_SERVICE,
@@ -26,7 +27,14 @@ from vllm_operator.k8s.api import ApiError
 from vllm_operator.models.base import Manifest
 from vllm_operator.reconcile.inference_service import Outcome
 from vllm_operator.runtime.cache import CachedAPI
-from vllm_operator.runtime.dispatch import BENCH, ISVC, PENDING_BENCHMARK_SECONDS, SCALE, Runtime
+from vllm_operator.runtime.dispatch import (
+    BENCH,
+    CACHE,
+    ISVC,
+    PENDING_BENCHMARK_SECONDS,
+    SCALE,
+    Runtime,
+)
 from vllm_operator.settings import OperatorSettings
 
 
@@ -70,6 +78,10 @@ class Calls:
             raise self.fail
         return self.phase
 
+    async def cache(self, api: Any, body: Manifest, **_: Any) -> float | None:
+        self.made.append(("cache", body["metadata"]["name"]))
+        return self.again
+
     async def autoscale(self, api: Any, body: Manifest, **_: Any) -> float | None:
         self.made.append(("autoscale", body["metadata"]["name"]))
         return self.again
@@ -88,6 +100,7 @@ async def runtime(calls: Calls) -> Runtime:
         http=httpx.AsyncClient(),
         reconcile_service=calls.service,
         reconcile_benchmark=calls.benchmark,
+        reconcile_cache=calls.cache,
         autoscale=calls.autoscale,
     )
 
@@ -108,6 +121,21 @@ async def test_each_kind_of_key_runs_its_own_reconcile(runtime: Runtime, calls: 
     assert await runtime.work((BENCH, "team", "load")) is None
     assert await runtime.work((SCALE, "team", "chat")) == 2.0
     assert calls.made == [("service", "chat"), ("benchmark", "load"), ("autoscale", "chat")]
+
+
+async def test_a_model_cache_is_reconciled_while_it_is_deleted_and_its_users_follow_it(
+    runtime: Runtime, calls: Calls
+) -> None:
+    """Its finalizer is ours to remove: a cache being deleted still gets its turn."""
+    going = {"deletionTimestamp": "2026-12-02T09:00:00Z", "finalizers": ["x"]}
+    _cluster(runtime).put(_obj(KIND_MODEL_CACHE, "tiny", metadata=going))
+    assert await runtime.work((CACHE, "team", "tiny")) == 2.0
+    assert calls.made == [("cache", "tiny")]
+    assert await runtime.work((CACHE, "team", "gone")) is None
+    service = _obj(KIND_INFERENCE_SERVICE, spec={"model": {"source": {"cache": {"name": "tiny"}}}})
+    runtime.on_inference_service("ADDED", service)
+    runtime.on_model_cache("MODIFIED", _obj(KIND_MODEL_CACHE, "tiny"))
+    assert {(CACHE, "team", "tiny"), (ISVC, "team", "chat")} <= _due(runtime)
 
 
 async def test_each_service_pass_is_one_debug_line_naming_the_object(

@@ -29,13 +29,13 @@ from vllm_operator.constants import (
     LABEL_LOCK_TARGET,
     LABEL_SCALE_DOWN_LOCK,
 )
-from vllm_operator.k8s.api import ClusterAPI, apply_status
+from vllm_operator.k8s.api import ClusterAPI
 from vllm_operator.models import InferenceBenchmark, InferenceBenchmarkStatus, InferenceService
 from vllm_operator.models.base import Condition, ConfigMapKeyReference, Manifest
 from vllm_operator.models.inference_benchmark import REASON_TOO_MANY_REQUEST_ERRORS
 from vllm_operator.models.inference_service import BenchmarkSummary
-from vllm_operator.reconcile.conditions import condition
 from vllm_operator.reconcile.jobs import job_report, job_state
+from vllm_operator.reconcile.phases import phase_conditions, write_phase_status
 from vllm_operator.render.benchmark import (
     build_load_job,
     build_load_role,
@@ -102,36 +102,16 @@ def _conditions(
     phase: str, reason: str, message: str, *, gen: int | None, now: datetime, old: list[Condition]
 ) -> list[Condition]:
     done, failed = phase == "Succeeded", phase == "Failed"
-    return [
-        condition("Ready", done, reason, message, now=now, generation=gen, previous=old),
-        condition(
-            "Reconciling",
-            not (done or failed),
-            reason,
-            message,
-            now=now,
-            generation=gen,
-            previous=old,
-        ),
-        condition("Stalled", failed, reason, message, now=now, generation=gen, previous=old),
-    ]
+    return phase_conditions(
+        reason, message, ready=done, reconciling=not (done or failed), stalled=failed,
+        now=now, generation=gen, previous=old,
+    )  # fmt: skip
 
 
 async def _write(
     api: ClusterAPI, body: Manifest, bench: InferenceBenchmark, status: InferenceBenchmarkStatus
 ) -> None:
-    if bench.status == status:
-        return
-    await apply_status(api, body, status.to_wire())
-    old_phase = bench.status.phase if bench.status else None
-    if status.phase != old_phase:
-        ready = next(c for c in status.conditions if c.type in ("Ready",))
-        await api.event(
-            body,
-            reason=ready.reason,
-            message=f"Phase {status.phase}: {ready.message}",
-            warning=status.phase == "Failed",
-        )
+    await write_phase_status(api, body, bench.status, status)
 
 
 def _adapter_wait(target: InferenceService, adapter: str | None) -> tuple[str, str] | None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -36,12 +37,13 @@ from vllm_operator.constants import (
     KIND_INFERENCE_SERVICE,
     KIND_MODEL_CACHE,
 )
-from vllm_operator.k8s.api import ClusterAPI, apply_status
+from vllm_operator.k8s.api import ClusterAPI
 from vllm_operator.models import InferenceService, ModelCache, ModelCacheStatus
 from vllm_operator.models.base import Condition, Manifest
 from vllm_operator.models.inference_service import ModelSource, PVCSource
-from vllm_operator.reconcile.conditions import condition
+from vllm_operator.reconcile.conditions import find
 from vllm_operator.reconcile.jobs import job_report, job_state
+from vllm_operator.reconcile.phases import phase_conditions, write_phase_status
 from vllm_operator.reconcile.status import Problem
 from vllm_operator.render.model_cache import (
     PROGRESS_PORT,
@@ -137,7 +139,7 @@ def use_cache(isvc: InferenceService, body: Manifest | None) -> CacheUse:
             model_name=repo,
             config=_config(status),
         )
-    ready = next((c for c in status.conditions if c.type == "Ready"), None)
+    ready = find(status.conditions, "Ready")
     why = f": {ready.message}" if ready is not None and ready.message else ""
     if status.phase == "Failed":
         return CacheUse(
@@ -188,20 +190,10 @@ def _size(n: int) -> str:
 def _conditions(
     phase: str, reason: str, message: str, *, gen: int | None, now: datetime, old: list[Condition]
 ) -> list[Condition]:
-    ready, failed = phase == "Ready", phase == "Failed"
-    return [
-        condition("Ready", ready, reason, message, now=now, generation=gen, previous=old),
-        condition(
-            "Reconciling",
-            phase in ("Pending", "Downloading"),
-            reason,
-            message,
-            now=now,
-            generation=gen,
-            previous=old,
-        ),
-        condition("Stalled", failed, reason, message, now=now, generation=gen, previous=old),
-    ]
+    return phase_conditions(
+        reason, message, ready=phase == "Ready", reconciling=phase in ("Pending", "Downloading"),
+        stalled=phase == "Failed", now=now, generation=gen, previous=old,
+    )  # fmt: skip
 
 
 async def _users(api: ClusterAPI, cache: ModelCache) -> list[str]:
@@ -238,22 +230,12 @@ async def _set_finalizer(api: ClusterAPI, body: Manifest, present: bool) -> None
 async def _write(
     api: ClusterAPI, body: Manifest, old: ModelCacheStatus | None, status: ModelCacheStatus
 ) -> None:
-    if old == status:
-        return
-    await apply_status(api, body, status.to_wire())
-    old_phase = old.phase if old else None
-    if status.phase != old_phase:
-        ready = next(c for c in status.conditions if c.type == "Ready")
-        await api.event(
-            body,
-            reason=ready.reason,
-            message=f"Phase {status.phase}: {ready.message}",
-            warning=status.phase == "Failed",
-        )
+    if await write_phase_status(api, body, old, status):
+        ready = find(status.conditions, "Ready")
         log.info(
             "ModelCache %s/%s: %s (%s).",
             body["metadata"].get("namespace"), body["metadata"]["name"], status.phase,
-            ready.reason,
+            ready.reason if ready else None,
         )  # fmt: skip
 
 
@@ -362,7 +344,8 @@ async def _release(api: ClusterAPI, body: Manifest) -> None:
         await _set_finalizer(api, body, False)
 
 
-Status = Any  # the ``status`` builder of reconcile_model_cache
+# The ``status`` builder of reconcile_model_cache: (phase, reason, message, **fields).
+Status = Callable[..., ModelCacheStatus]
 
 
 async def _adopt(
@@ -415,6 +398,12 @@ async def _download(
     except SizeUnknown as err:
         return status("Failed", "SizeUnknown", str(err)), None
     where["size"] = size
+    claim = await api.get("v1", "PersistentVolumeClaim", claim_name(cache), ns)
+    if claim is not None and base.phase == "Ready":
+        # Downloaded: neither the token nor the Job matters any more.
+        return status(
+            "Ready", "Downloaded", _ready_message(hub.repo, base), **where
+        ), None  # fmt: skip
     ref = hub.token_secret_ref
     if ref is not None:
         secret = await api.get("v1", "Secret", ref.name, ns)
@@ -432,12 +421,7 @@ async def _download(
                 "it does.",
                 **where,
             ), PENDING_POLL_SECONDS
-    claim = await api.get("v1", "PersistentVolumeClaim", claim_name(cache), ns)
     job = await api.get("batch/v1", "Job", job_name, ns)
-    if claim is not None and base.phase == "Ready":
-        return status(
-            "Ready", "Downloaded", _ready_message(hub.repo, base), **where
-        ), None  # fmt: skip
     if claim is None:
         # New, or deleted by hand: the claim, then a download into it (the Job of a
         # download into a claim that is gone says nothing of the new one).

@@ -22,17 +22,16 @@ from typing import Final
 from vllm_operator.constants import (
     KIND_INFERENCE_BENCHMARK,
     LABEL_BENCHMARK,
-    LABEL_COMPONENT,
-    LABEL_INSTANCE,
     LABEL_LOCK_TARGET,
-    LABEL_MANAGED_BY,
-    LABEL_NAME,
     LABEL_SCALE_DOWN_LOCK,
-    MANAGED_BY,
 )
 from vllm_operator.models import InferenceBenchmark
 from vllm_operator.models.base import Manifest
-from vllm_operator.render.meta import controller_reference, restricted_security_context
+from vllm_operator.render.meta import (
+    controller_reference,
+    job_labels,
+    restricted_security_context,
+)
 
 SPEC_MOUNT: Final = "/etc/vllm-operator/benchmark"
 # Not below SPEC_MOUNT: each input is a volume of its own.
@@ -63,13 +62,7 @@ def load_identity_name(bench: InferenceBenchmark) -> str:
 
 
 def _labels(bench: InferenceBenchmark, component: str) -> dict[str, str]:
-    return {
-        LABEL_NAME: "vllm-benchmark",
-        LABEL_INSTANCE: bench.metadata.name,
-        LABEL_COMPONENT: component,
-        LABEL_MANAGED_BY: MANAGED_BY,
-        LABEL_BENCHMARK: bench.metadata.name,
-    }
+    return job_labels("vllm-benchmark", LABEL_BENCHMARK, bench.metadata.name, component)
 
 
 def _owned_by_benchmark(bench: InferenceBenchmark) -> list[Manifest]:

@@ -57,6 +57,18 @@ def common_labels(isvc: InferenceService, component: str) -> dict[str, str]:
     }
 
 
+def job_labels(app: str, owner_label: str, owner: str, component: str) -> dict[str, str]:
+    """The labels of what a benchmark or a cache creates: the app's recommended labels and
+    ``owner_label`` naming the owner (the operator's watches find the objects by it)."""
+    return {
+        LABEL_NAME: app,
+        LABEL_INSTANCE: owner,
+        LABEL_COMPONENT: component,
+        LABEL_MANAGED_BY: MANAGED_BY,
+        owner_label: owner,
+    }
+
+
 def controller_reference(kind: str, name: str, uid: str | None) -> Manifest:
     """Makes an object of ours (``kind`` of our API group) the controller of a child, so
     garbage collection removes the child with it."""

@@ -17,16 +17,15 @@ from typing import Final
 from vllm_operator.constants import (
     DOWNLOAD_PERMANENT_EXIT_CODES,
     KIND_MODEL_CACHE,
-    LABEL_COMPONENT,
-    LABEL_INSTANCE,
-    LABEL_MANAGED_BY,
     LABEL_MODEL_CACHE,
-    LABEL_NAME,
-    MANAGED_BY,
 )
 from vllm_operator.models.base import Manifest
 from vllm_operator.models.model_cache import ModelCache
-from vllm_operator.render.meta import controller_reference, restricted_security_context
+from vllm_operator.render.meta import (
+    controller_reference,
+    job_labels,
+    restricted_security_context,
+)
 
 # Where the download Job mounts the claim, and the model's folder in it.
 JOB_MOUNT: Final = "/cache"
@@ -55,13 +54,7 @@ def download_job_name(cache: ModelCache) -> str:
 
 
 def cache_labels(cache: ModelCache, component: str) -> dict[str, str]:
-    return {
-        LABEL_NAME: "vllm-model-cache",
-        LABEL_INSTANCE: cache.metadata.name,
-        LABEL_COMPONENT: component,
-        LABEL_MANAGED_BY: MANAGED_BY,
-        LABEL_MODEL_CACHE: cache.metadata.name,
-    }
+    return job_labels("vllm-model-cache", LABEL_MODEL_CACHE, cache.metadata.name, component)
 
 
 def _owned_by_cache(cache: ModelCache) -> list[Manifest]:

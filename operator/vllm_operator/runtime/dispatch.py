@@ -255,14 +255,15 @@ class Runtime:
             return delay
         return again
 
-    async def _current(self, kind: str, key: Key) -> Manifest | None:
+    async def _current(self, kind: str, key: Key, *, deleting: bool = False) -> Manifest | None:
         """The object of ``key``, or None (and its back-off forgotten) once it is gone or
-        going: its children go with it through garbage collection."""
+        going: its children go with it through garbage collection. ``deleting``: an object
+        being deleted is returned too (a ModelCache's finalizer is ours to remove)."""
         _, namespace, name = key
         body = await self.api.get(API_VERSION, kind, name, namespace)
         self.unreachable.discard(key)  # this turn is its retry
         self._progressed()  # the apiserver answered: this turn is not stuck on it
-        if body is None or body["metadata"].get("deletionTimestamp"):
+        if body is None or (not deleting and body["metadata"].get("deletionTimestamp")):
             self.queue.forget(key)
             return None
         return body
@@ -364,11 +365,8 @@ class Runtime:
         """A ModelCache's turn; a cache being deleted is reconciled too (its finalizer
         goes once no service names it)."""
         _, namespace, name = key
-        body = await self.api.get(API_VERSION, KIND_MODEL_CACHE, name, namespace)
-        self.unreachable.discard(key)
-        self._progressed()
+        body = await self._current(KIND_MODEL_CACHE, key, deleting=True)
         if body is None:
-            self.queue.forget(key)
             return None
         with RECONCILE_SECONDS.labels(KIND_MODEL_CACHE).time():
             try:
