@@ -180,6 +180,7 @@ def chart_release(cluster: ClusterHandle) -> Release:
         "crd/inferenceservices.inference.vllm-operator.dev",
         "crd/inferencebenchmarks.inference.vllm-operator.dev",
         "crd/gpunodes.inference.vllm-operator.dev",
+        "crd/modelcaches.inference.vllm-operator.dev",
     )  # fmt: skip
     return release
 

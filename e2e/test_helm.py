@@ -36,7 +36,9 @@ from e2e.chart_fixtures import (  # noqa: F401  (fixtures, used by name)
 from e2e.test_operator import _isvc, _wait
 
 GROUP = "inference.vllm-operator.dev"
-CRDS = [f"{p}.{GROUP}" for p in ("inferenceservices", "inferencebenchmarks", "gpunodes")]
+CRDS = [
+    f"{p}.{GROUP}" for p in ("inferenceservices", "inferencebenchmarks", "gpunodes", "modelcaches")
+]
 
 
 def _sa(release: Release) -> str:
