@@ -263,6 +263,11 @@ NAMESPACED_RULES = [
     (("inference.vllm-operator.dev",), ("inferenceservices/status",), ("patch",)),
     (("inference.vllm-operator.dev",), ("inferenceservices/scale",), ("get", "patch")),
     (("apps",), ("deployments",), ("get", "list", "watch", "create", "patch")),
+    (
+        ("leaderworkerset.x-k8s.io",),
+        ("leaderworkersets",),
+        ("get", "list", "watch", "create", "patch"),
+    ),
     (("",), ("services",), ("get", "list", "watch", "create", "patch")),
     (("policy",), ("poddisruptionbudgets",), ("get", "list", "watch", "create", "patch")),
     (("",), ("pods",), ("list", "watch", "patch")),
@@ -442,7 +447,7 @@ LOCK = "r-vllm-operator-scale-down-lock"
 OWN = "r-vllm-operator-own-objects-only"
 
 
-def test_the_scale_down_lock_policy_covers_both_objects_and_their_scale() -> None:
+def test_the_scale_down_lock_policy_covers_every_workload_and_their_scale() -> None:
     docs = render()
     policy = one(docs, "ValidatingAdmissionPolicy", LOCK)
     resources = {
@@ -451,6 +456,8 @@ def test_the_scale_down_lock_policy_covers_both_objects_and_their_scale() -> Non
     assert resources == {
         "deployments",
         "deployments/scale",
+        "leaderworkersets",
+        "leaderworkersets/scale",
         "inferenceservices",
         "inferenceservices/scale",
     }

@@ -3,9 +3,9 @@ them into keys on its work queue; nothing else happens here.
 
 Every InferenceService event that changes more than the autoscaler's own status, every
 event of an object carrying the inference-service label (Deployment, Service,
-PodDisruptionBudget, HorizontalPodAutoscaler, Pod), warmup, benchmark and lock Jobs, and a
-periodic resync add the owning object's key; the queue runs the one reconcile for it. The
-same events keep the runtime's caches current.
+PodDisruptionBudget, HorizontalPodAutoscaler, Pod, LeaderWorkerSet), warmup, benchmark
+and lock Jobs, and a periodic resync add the owning object's key; the queue runs the one
+reconcile for it. The same events keep the runtime's caches current.
 """
 
 from __future__ import annotations
@@ -79,6 +79,7 @@ LABELLED_BY_SERVICE: Final = (
     ("policy", "v1", "poddisruptionbudgets"),
     ("autoscaling", "v2", "horizontalpodautoscalers"),
     ("v1", "pods"),
+    ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets"),
 )
 
 
@@ -200,6 +201,13 @@ async def inference_service_event(type: str | None, body: kopf.Body, memo: Any, 
     "autoscaling", "v2", "horizontalpodautoscalers", labels={LABEL_SERVICE: kopf.PRESENT}
 )
 @kopf.on.event("", "v1", "pods", labels={LABEL_SERVICE: kopf.PRESENT})
+# A multi-node service's LeaderWorkerSet (its status counts ready groups). Kopf watches it
+# only where the CRD is installed (it warns once of the unresolved resource otherwise, and
+# starts the watch when the CRD appears); the reconcile reads it from the apiserver, not
+# from the runtime's store, which would never fill without the CRD.
+@kopf.on.event(
+    "leaderworkerset.x-k8s.io", "v1", "leaderworkersets", labels={LABEL_SERVICE: kopf.PRESENT}
+)
 @kopf.on.event("batch", "v1", "jobs", labels={LABEL_WARMUP_FOR: kopf.PRESENT}, id="warmup-job")
 @kopf.on.event("batch", "v1", "jobs", labels={LABEL_BENCHMARK: kopf.PRESENT}, id="load-job")
 @kopf.on.event("batch", "v1", "jobs", labels={LABEL_LOCK_TARGET: kopf.PRESENT}, id="lock-job")

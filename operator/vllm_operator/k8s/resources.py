@@ -55,6 +55,8 @@ _TABLE: Final = [
     Resource("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers", True),
     Resource(API_VERSION, KIND_INFERENCE_SERVICE, PLURAL_INFERENCE_SERVICE, True),
     Resource(API_VERSION, KIND_INFERENCE_BENCHMARK, PLURAL_INFERENCE_BENCHMARK, True),
+    # A multi-node service's workload (LeaderWorkerSet's CRD, when installed).
+    Resource("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "leaderworkersets", True),
     Resource(API_VERSION, KIND_GPU_NODE, PLURAL_GPU_NODE, False),
     Resource(API_VERSION, KIND_MODEL_CACHE, PLURAL_MODEL_CACHE, True),
 ]

@@ -20,7 +20,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Mapping, MutableMapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -47,8 +47,18 @@ from vllm_operator.reconcile.benchmark import (
     lock_holder,
 )
 from vllm_operator.reconcile.conditions import condition, find
+from vllm_operator.reconcile.groups import (
+    GroupView,
+    as_rollout,
+    is_multi_node,
+    not_installed,
+    read_groups,
+    running_groups,
+    topology_key,
+)
 from vllm_operator.reconcile.model_cache import CacheUse, read_cache, use_cache
 from vllm_operator.reconcile.placement import (
+    PlanOutcome,
     allocatable_gpus,
     fits_placement,
     plan_inference_service,
@@ -63,6 +73,8 @@ from vllm_operator.reconcile.warmup import (
 )
 from vllm_operator.render.deployment import build_deployment, gpus_per_replica, hf_token_ref
 from vllm_operator.render.hpa import build_hpa, hpa_name
+from vllm_operator.render.lws import KIND as LWS_KIND
+from vllm_operator.render.lws import build_leaderworkerset, group_size
 from vllm_operator.render.meta import deployment_name, pdb_name, selector_string, service_name
 from vllm_operator.render.pdb import build_pdb
 from vllm_operator.render.service import build_service
@@ -101,6 +113,9 @@ ChildKey = tuple[str, str, str]  # (kind, namespace, name)
 # apply left it (content_digest). A pass skips the apply when both still hold.
 AppliedMemo = MutableMapping[ChildKey, tuple[str, str]]
 CHILD_KINDS: Final = ("Deployment", "Service", "PodDisruptionBudget")
+# The children that run the pods, applied after the others.
+DEPLOYMENT: Final = "Deployment"
+WORKLOAD_KINDS: Final = (DEPLOYMENT, LWS_KIND)
 _CHILD_API: Final = {"Deployment": "apps/v1", "Service": "v1", "PodDisruptionBudget": "policy/v1"}
 
 
@@ -109,6 +124,7 @@ def _child_names(isvc: InferenceService) -> dict[str, str]:
         "Deployment": deployment_name(isvc),
         "Service": service_name(isvc),
         "PodDisruptionBudget": pdb_name(isvc),
+        LWS_KIND: deployment_name(isvc),
     }
 
 
@@ -140,6 +156,9 @@ class Snapshot:
     # else's, never applied over (a Service of that name would be re-pointed at the vLLM
     # pods and, owned by the service, deleted with it).
     foreign: frozenset[str] = frozenset()
+    # A multi-node plan's LeaderWorkerSets (reconcile/groups.py); None when the plan is
+    # single-node, and nothing of the kind was read.
+    groups: GroupView | None = None
 
     @property
     def live_deployment(self) -> Manifest | None:
@@ -274,21 +293,33 @@ def find_problems(
                 f"does not exist in namespace {ns}.",
             )
         )
-    need = gpus_per_replica(tuning)
+    # A multi-node group needs ``size`` nodes of one pod's GPUs each (one pod per node).
+    size = group_size(tuning)
+    need = gpus_per_replica(tuning) // size
     if check_gpus and need > 0:
         candidates = [n for n in snap.view.nodes if fits_placement(isvc, n, tuning)]
-        if not any(allocatable_gpus(n) >= need for n in candidates):
+        enough = sum(allocatable_gpus(n) >= need for n in candidates)
+        where = (
+            f" among nodes with products {', '.join(isvc.spec.gpu.products)}"
+            if isvc.spec.gpu.products
+            else ""
+        )
+        if size == 1 and not enough:
             most = max((allocatable_gpus(n) for n in candidates), default=0)
-            where = (
-                f" among nodes with products {', '.join(isvc.spec.gpu.products)}"
-                if isvc.spec.gpu.products
-                else ""
-            )
             problems.append(
                 Problem(
                     "NoNodeHasEnoughGPUs",
                     f"A replica needs {need} GPUs on one node, but no schedulable node{where} "
                     f"has that many allocatable (the most is {most}).",
+                )
+            )
+        elif size > 1 and enough < size:
+            problems.append(
+                Problem(
+                    "NotEnoughNodesForGroup",
+                    f"A replica is a group of {size} pods on {size} nodes with {need} GPUs "
+                    f"each, but {enough} schedulable node{'s' if enough != 1 else ''}{where} "
+                    f"{'have' if enough != 1 else 'has'} that many allocatable.",
                 )
             )
     return problems
@@ -347,8 +378,11 @@ class Decision:
     warmup: WarmupDecision
     last_benchmark: BenchmarkSummary | None
     # When no Deployment is applied: the one read in the gather, if any, for the status;
-    # a foreign one is not this service's and counts as none.
+    # a foreign one is not this service's and counts as none. For a multi-node plan, the
+    # LeaderWorkerSet in a Deployment's shape (groups.as_rollout).
     live_deployment: Manifest | None = None
+    # The kind of the workload: Deployment, or LeaderWorkerSet for a multi-node plan.
+    workload: str = "Deployment"
 
 
 def decide(
@@ -357,30 +391,33 @@ def decide(
     settings: OperatorSettings,
     now: datetime,
     cache: CacheUse | None = None,
+    planned: PlanOutcome | None = None,
 ) -> Decision:
     """``isvc`` as served: with a ModelCache, the service with the cache's claim as its
-    source (``cache``: what ``use_cache`` made of it)."""
+    source (``cache``: what ``use_cache`` made of it). ``planned``: the plan, when the
+    caller made it already (from the same snapshot)."""
     cache = cache or CacheUse(isvc)
-    planned = plan_inference_service(
-        isvc,
-        snap.view.nodes,
-        snap.view.gpu_nodes,
-        default_image=settings.default_image,
-        config=cache.config,
-        model_name=cache.model_name,
-    )
+    planned = planned or plan(isvc, snap, settings, cache)
     tuning = planned.tuning
+    # A multi-node plan runs as a LeaderWorkerSet (reconcile/groups.py): without the
+    # kind in the cluster nothing at all is rendered, not even the Service and PDB.
+    multi = planned.does_not_fit is None and is_multi_node(tuning)
+    lws_missing = multi and (snap.groups is None or not snap.groups.installed)
+    live_groups = snap.groups.live if multi and snap.groups is not None else None
     problems = find_problems(isvc, tuning, snap, check_gpus=planned.does_not_fit is None)
     if cache.stalled is not None:
         problems.insert(0, cache.stalled)
     if planned.does_not_fit is not None:
         verdict = planned.does_not_fit
         problems.insert(0, Problem(verdict.reason, verdict.message))
+    if lws_missing:
+        problems.insert(0, not_installed(tuning))
     desired = isvc.spec.replicas
     blocked_by = lock_holder(snap.lock_jobs)
     if blocked_by is not None:
-        # A benchmark runs: never fewer replicas than are running now (scale-up is fine).
-        running = int((snap.live_deployment or {}).get("spec", {}).get("replicas", 0) or 0)
+        # A benchmark runs: never fewer replicas (groups, multi-node) than are running now
+        # (scale-up is fine).
+        running = running_groups(live_groups if multi else snap.live_deployment)
         desired = max(desired, running)
     children = [build_service(isvc), build_pdb(isvc)]
     hpa, delete_hpa, conflict = _hpa(isvc, snap.hpa, blocked_by=blocked_by)
@@ -389,15 +426,22 @@ def decide(
         children.append(hpa)
     if conflict is not None:
         problems.append(conflict)
+    image = isvc.spec.image or settings.default_image
+    if multi and snap.groups is not None and snap.groups.foreign:
+        problems.append(_foreign(isvc, LWS_KIND))
     if planned.does_not_fit is None and cache.stalled is None and cache.waiting is None:
         # Never a Deployment that will run out of memory: when nothing fits, the one
         # running (if any) stays as it is until the spec or the nodes change. Nor one
         # before its ModelCache is usable: the pods would start on a half-written claim.
-        children.append(
-            build_deployment(
-                isvc, tuning, image=isvc.spec.image or settings.default_image, replicas=desired
+        if not multi:
+            children.append(build_deployment(isvc, tuning, image=image, replicas=desired))
+        elif snap.groups is not None and snap.groups.installed and not snap.groups.foreign:
+            key = topology_key(isvc, snap.view.nodes)
+            children.append(
+                build_leaderworkerset(isvc, tuning, image=image, groups=desired, topology_key=key)
             )
-        )
+    if lws_missing:
+        children = []
     warmup = decide_warmups(
         isvc,
         tuning,
@@ -418,7 +462,22 @@ def decide(
         delete_hpa=delete_hpa,
         warmup=warmup,
         last_benchmark=latest_benchmark(isvc, snap.benchmarks),
-        live_deployment=snap.live_deployment,
+        live_deployment=as_rollout(live_groups) if multi else snap.live_deployment,
+        workload=LWS_KIND if multi else DEPLOYMENT,
+    )
+
+
+def plan(
+    isvc: InferenceService, snap: Snapshot, settings: OperatorSettings, cache: CacheUse
+) -> PlanOutcome:
+    """The tuning in force for ``isvc`` on the snapshot's nodes."""
+    return plan_inference_service(
+        isvc,
+        snap.view.nodes,
+        snap.view.gpu_nodes,
+        default_image=settings.default_image,
+        config=cache.config,
+        model_name=cache.model_name,
     )
 
 
@@ -488,10 +547,11 @@ async def _apply_children(
             applied[key] = (rendered, content_digest(result, child))
         return result, None
 
-    # The Service, PDB and HPA at once (none depends on another), then the Deployment,
-    # whose pods then start with their Service and budget in place.
-    first = [c for c in decision.children if c["kind"] != "Deployment"]
-    last = [c for c in decision.children if c["kind"] == "Deployment"]
+    # The Service, PDB and HPA at once (none depends on another), then the workload (the
+    # Deployment, or a multi-node plan's LeaderWorkerSet), whose pods then start with their
+    # Service and budget in place.
+    first = [c for c in decision.children if c["kind"] not in WORKLOAD_KINDS]
+    last = [c for c in decision.children if c["kind"] in WORKLOAD_KINDS]
     outcomes = list(await asyncio.gather(*(apply(c) for c in first)))
     outcomes += [await apply(c) for c in last]
     rejected = [problem for _, problem in outcomes if problem is not None]
@@ -499,6 +559,8 @@ async def _apply_children(
     for child, (result, problem) in zip(first + last, outcomes, strict=True):
         if child["kind"] == "Deployment":
             deployment = None if problem is not None else result or deployment
+        elif child["kind"] == LWS_KIND:
+            deployment = None if problem is not None else as_rollout(result) or deployment
     if decision.delete_hpa:
         await api.delete("autoscaling/v2", "HorizontalPodAutoscaler", hpa_name(isvc), ns)
         if applied is not None:
@@ -663,7 +725,14 @@ async def _reconcile(
     cache = use_cache(isvc, await read_cache(api, isvc))
     served = cache.service
     snap = await gather(api, served, view)
-    decision = decide(served, snap, settings, now, cache)
+    # The plan says whether the service runs as a LeaderWorkerSet; only then is that
+    # kind read (the one read that depends on a decision).
+    planned = plan(served, snap, settings, cache)
+    if planned.does_not_fit is None and is_multi_node(planned.tuning):
+        groups = await read_groups(api, served)
+        live = {**snap.live, LWS_KIND: groups.live} if groups.live else snap.live
+        snap = replace(snap, groups=groups, live=live)
+    decision = decide(served, snap, settings, now, cache, planned)
     deployment, rejected = await _apply_children(api, served, decision, snap.live, applied)
     await apply_writes(api, decision.warmup.writes)
     # The adapters of spec.adapters into every server that answers, none restarted.
@@ -690,6 +759,7 @@ async def _reconcile(
         last_benchmark=decision.last_benchmark,
         adapters=adapters,
         waiting=cache.waiting,
+        workload=decision.workload,
     )
     status = compute_status(isvc, observed, now=now)
     old = _stored_status(body)

@@ -54,20 +54,25 @@ class Observed:
     # What the service waits for before anything is rolled out (a ModelCache still
     # downloading): Ready=False and Reconciling=True with its reason, not Stalled.
     waiting: Problem | None = None
+    # The kind ``deployment`` is (a multi-node plan's LeaderWorkerSet, read by
+    # reconcile/groups.py in a Deployment's shape, counted in groups), for the messages.
+    workload: str = "Deployment"
 
 
 def _live(pods: list[Manifest]) -> list[Manifest]:
     return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
 
 
-def _rollout(deployment: Manifest | None, desired: int) -> tuple[bool, int, str]:
+def _rollout(
+    deployment: Manifest | None, desired: int, kind: str = "Deployment"
+) -> tuple[bool, int, str]:
     """(complete, ready replicas, what is still going on)."""
     if deployment is None:
-        return False, 0, "The Deployment does not exist yet."
+        return False, 0, f"The {kind} does not exist yet."
     meta, status = deployment["metadata"], deployment.get("status", {})
     ready = int(status.get("readyReplicas", 0))
     if int(status.get("observedGeneration", 0)) < int(meta.get("generation", 0)):
-        return False, ready, "The Deployment controller has not seen the latest change yet."
+        return False, ready, f"The {kind} controller has not seen the latest change yet."
     updated = int(status.get("updatedReplicas", 0))
     total = int(status.get("replicas", 0))
     available = int(status.get("availableReplicas", 0))
@@ -100,7 +105,7 @@ def compute_status(
     gen = isvc.metadata.generation
     desired = observed.desired_replicas
     pods = _live(observed.pods)
-    complete, ready, progress = _rollout(observed.deployment, desired)
+    complete, ready, progress = _rollout(observed.deployment, desired, observed.workload)
     warmup_on = isvc.spec.warmup.enabled
     if not warmup_on:
         warmed = ready
