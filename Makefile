@@ -22,8 +22,9 @@ $(VENV)/.installed: pyproject.toml
 venv: $(VENV)/.installed ## Create the Python virtual environment with the dev tools.
 
 .PHONY: binaries
-binaries: ## Build (or reuse from the cache) the control-plane binaries.
+binaries: ## Build (or reuse from the cache) the control-plane binaries and the LeaderWorkerSet controller.
 	bash devenv/cluster/build.sh >/dev/null
+	bash devenv/cluster/build-lws.sh >/dev/null
 
 .PHONY: vllm
 vllm: ## Install (or reuse from the cache) the real CPU vLLM the data-plane tests use.

@@ -30,6 +30,7 @@ from devenv.cluster.components import COMPONENTS
 from devenv.cluster.kubeconfig import CLUSTER_NAME
 from devenv.cluster.processes import ClusterError
 from devenv.cluster.settings import Settings, resolve_binaries
+from e2e.lws_fixtures import lws_controller, lws_crds, lws_dir  # noqa: F401
 
 # The operator's fixtures, registered once for the whole tier. Imported into several test
 # modules instead, a session fixture is one fixture per module (pytest keys a fixture by

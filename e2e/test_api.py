@@ -168,23 +168,18 @@ def test_defaults_are_filled_in_by_the_apiserver(crds: ClusterHandle, namespace:
     assert spec["warmup"]["enabled"] is True
 
 
-# The LeaderWorkerSets of multi-node plans (issue 19) need the LWS CRD, which the local
-# control plane does not install yet: the apiserver has no schema to check them against.
-_NO_LWS_CRD = pytest.mark.skip(
-    reason="the LeaderWorkerSet CRD is not on the local control plane yet (issue 19)"
-)
 GOLDEN_FILES = [
-    pytest.param(p, id=p.stem, marks=[_NO_LWS_CRD] if p.stem.startswith("lws-") else [])
-    for p in sorted((REPO / "tests" / "golden").glob("*.yaml"))
+    pytest.param(p, id=p.stem) for p in sorted((REPO / "tests" / "golden").glob("*.yaml"))
 ]
 
 
 @pytest.mark.parametrize("path", GOLDEN_FILES)
 def test_the_rendered_children_pass_the_apiservers_own_validation(
-    crds: ClusterHandle, shared_namespace: str, path: Path
+    crds: ClusterHandle, lws_crds: ClusterHandle, shared_namespace: str, path: Path
 ) -> None:
     """The pinned renderings (tests/render/test_golden.py), the podTemplate's affinity,
-    spread, RuntimeClass and pull secrets among them, as the apiserver validates them."""
+    spread, RuntimeClass and pull secrets among them, as the apiserver validates them; the
+    multi-node plans' LeaderWorkerSets against LWS's CRD (e2e/lws_fixtures.py)."""
     docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
     for doc in docs:
         doc["metadata"].pop("namespace", None)
