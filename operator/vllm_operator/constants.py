@@ -105,6 +105,9 @@ FINALIZER_MODEL_CACHE: Final = f"{GROUP}/model-cache-in-use"
 DOWNLOAD_REASON_DOWNLOADED: Final = "Downloaded"
 DOWNLOAD_REASON_ALREADY_COMPLETE: Final = "AlreadyComplete"
 DOWNLOAD_REASON_TRANSIENT: Final = "TransientError"
+# SIGTERM (the pod deleted, evicted or preempted): the partial file is kept for the next
+# pod, which resumes it; retried like TransientError.
+DOWNLOAD_REASON_INTERRUPTED: Final = "Interrupted"
 DOWNLOAD_REASON_INVALID_ARGUMENTS: Final = "InvalidArguments"
 DOWNLOAD_REASON_REPO_NOT_FOUND: Final = "RepoNotFound"
 DOWNLOAD_REASON_REVISION_NOT_FOUND: Final = "RevisionNotFound"
@@ -118,6 +121,7 @@ DOWNLOAD_EXIT_CODES: Final[dict[str, int]] = {
     DOWNLOAD_REASON_DOWNLOADED: 0,
     DOWNLOAD_REASON_ALREADY_COMPLETE: 0,
     DOWNLOAD_REASON_TRANSIENT: 1,
+    DOWNLOAD_REASON_INTERRUPTED: 1,
     DOWNLOAD_REASON_INVALID_ARGUMENTS: 2,
     DOWNLOAD_REASON_REPO_NOT_FOUND: 10,
     DOWNLOAD_REASON_REVISION_NOT_FOUND: 11,

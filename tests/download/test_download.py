@@ -142,7 +142,7 @@ def test_a_download_killed_mid_file_resumes_it(
 
         _wait_for(some_weights_on_disk)
     finally:
-        proc.send_signal(signal.SIGKILL)  # what the kubelet does to a deleted pod
+        proc.send_signal(signal.SIGKILL)  # the kubelet's last word, after the grace period
         proc.wait(timeout=10)
     part = _partial(dest)
     assert part is not None
@@ -160,6 +160,39 @@ def test_a_download_killed_mid_file_resumes_it(
     assert served(stats, WEIGHTS) < 1.5 * size, (served(stats, WEIGHTS), size, kept)
     assert requests_for(stats, method="GET", file=WEIGHTS) == 2
     assert _partial(dest) is None
+
+
+def test_sigterm_stops_a_download_at_once_and_keeps_the_partial_file(
+    hub: hub_standin.Running, tmp_path: Path
+) -> None:
+    """The kubelet's first word to a deleted pod is SIGTERM, and the command is PID 1 in its
+    container, where an unhandled SIGTERM is dropped: it must stop on its own, say why in
+    the termination message, and leave the partial file for the next pod."""
+    dest = tmp_path / "model"
+    size = hub.repo(REPO).files[WEIGHTS].size
+    control(hub, "throttle", bytesPerSecond=size // 8)  # about 8 s for the weights
+    log = tmp_path / "termination-log"
+    proc = subprocess.Popen(
+        [*command(hub.url, dest), "--termination-log", str(log)],
+        env=clean_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        _wait_for(lambda: (part := _partial(dest)) is not None and part.stat().st_size > 0)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=5)  # not the 8 s the rest of the file takes
+    finally:
+        proc.kill()
+    assert proc.returncode == DOWNLOAD_EXIT_CODES["Interrupted"] == 1
+    report = json.loads(log.read_text())
+    assert report["reason"] == "Interrupted" and report["phase"] == "Failed"
+    assert "stopped by SIGTERM" in report["message"]
+    assert json.loads(out.strip().splitlines()[-1])["reason"] == "Interrupted"
+    part = _partial(dest)
+    assert part is not None and 0 < part.stat().st_size < size
+    assert not (dest / DOWNLOAD_MARKER).exists()
 
 
 @pytest.mark.parametrize(

@@ -174,6 +174,34 @@ async def test_a_finished_download_is_ready_with_its_commit_and_config() -> None
     assert JOB_KEY not in api.objects
 
 
+async def test_a_finished_job_whose_pod_is_gone_is_run_again_to_report() -> None:
+    """Its result lives only in its pod's termination message: with the pod deleted, the
+    cache must not go Ready on the last progress figures (the first real-node run did), but
+    run the check again, which finds the files in place and reports them."""
+    api = _cluster()
+    await _pass(api)
+    _bound_claim(api)
+    api.objects[JOB_KEY]["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
+    again = await _pass(api)
+    assert _status(api)["phase"] == "Pending"
+    assert _ready(api)["reason"] == "Rechecking"
+    assert "its pod and the result in it are gone" in _ready(api)["message"]
+    assert JOB_KEY not in api.objects and again is not None
+    await _pass(api)
+    assert JOB_KEY in api.objects  # the new run
+    _job_done(
+        api,
+        "Complete",
+        {"phase": "Complete", "commit": "abc123", "bytesDownloaded": 3000, "bytesTotal": 3000,
+         "filesTotal": 6, "reason": "AlreadyComplete"},
+    )  # fmt: skip
+    await _pass(api)
+    status = _status(api)
+    assert (status["phase"], status["bytesDownloaded"], status["commit"]) == (
+        "Ready", 3000, "abc123"
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize("reason", sorted(DOWNLOAD_PERMANENT_EXIT_CODES))
 async def test_a_permanent_failure_stalls_with_the_jobs_reason(reason: str) -> None:
     api = _cluster()

@@ -12,9 +12,14 @@ The token is read from --token-file (a mounted Secret key), else HF_TOKEN; the H
 filesDone, filesTotal, reason, message); the same JSON, compact, is written to
 --termination-log at the end.
 
+SIGTERM (the pod deleted or evicted) stops it at once: the partial file stays for the
+next run to resume, and the result says Interrupted. (The command is its container's
+PID 1, for which the kernel drops a SIGTERM nothing handles: without the handler the
+download would go on through the whole grace period.)
+
 Exit codes (the Job's podFailurePolicy fails at once on 2 and 10-14): 0 complete; 1 a
-transient failure, retried (the network, the Hub's 5xx); 2 bad arguments; 10 RepoNotFound;
-11 RevisionNotFound; 12 Unauthorized; 13 OutOfSpace; 14 VerificationFailed.
+transient failure or SIGTERM, retried (the network, the Hub's 5xx); 2 bad arguments;
+10 RepoNotFound; 11 RevisionNotFound; 12 Unauthorized; 13 OutOfSpace; 14 VerificationFailed.
 """
 
 from __future__ import annotations
@@ -23,13 +28,18 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from vllm_operator.constants import (
     DOWNLOAD_EXIT_CODES,
+    DOWNLOAD_REASON_INTERRUPTED,
     DOWNLOAD_REASON_INVALID_ARGUMENTS,
     DOWNLOAD_REASON_TRANSIENT,
 )
@@ -111,6 +121,29 @@ def _token(args: argparse.Namespace) -> str | None:
     return os.environ.get("HF_TOKEN") or None
 
 
+class Stopped(BaseException):
+    """Raised in the main thread by SIGTERM. A BaseException, so that no ``except
+    Exception`` on the way (the Hub client's error mapping) takes it for a Hub error."""
+
+
+@contextmanager
+def _stop_on_sigterm() -> Iterator[None]:
+    """SIGTERM raises :class:`Stopped` while the download runs (main thread only: a test
+    calling :func:`main` from another thread keeps the default)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise Stopped
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run_from_args(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
@@ -121,6 +154,24 @@ def run_from_args(args: argparse.Namespace) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     endpoint = (args.endpoint or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
     report = Report(message=f"Starting the download of {args.repo}@{args.revision}.")
+    try:
+        with _stop_on_sigterm():
+            code = _run(args, endpoint, report)
+    except Stopped:
+        report.update(
+            phase=Phase.FAILED,
+            reason=DOWNLOAD_REASON_INTERRUPTED,
+            message=f"{args.repo}@{args.revision}: stopped by SIGTERM; the next run resumes "
+            "the files already fetched",
+        )
+        code = DOWNLOAD_EXIT_CODES[DOWNLOAD_REASON_INTERRUPTED]
+        logger.warning("%s", report.message)
+    print(json.dumps(report.document()), flush=True)
+    write_termination_message(report, args.termination_log or None)
+    return code
+
+
+def _run(args: argparse.Namespace, endpoint: str, report: Report) -> int:
     server = None
     try:
         try:
@@ -162,8 +213,6 @@ def run_from_args(args: argparse.Namespace) -> int:
     finally:
         if server is not None:
             server.stop()
-    print(json.dumps(report.document()), flush=True)
-    write_termination_message(report, args.termination_log or None)
     return code
 
 

@@ -442,6 +442,15 @@ async def _download(
     if state == "Running":
         return await _running(api, cache, status, where, job_name, http)
     report = await job_report(api, ns, job_name)
+    if state == "Succeeded" and not report.get("commit"):
+        # Its pod, and the result in it, is gone (deleted by hand, or by the pod garbage
+        # collector): the folder is complete, so another run only checks it and reports.
+        await api.delete("batch/v1", "Job", job_name, ns)
+        return status(
+            "Pending", "Rechecking", f"Job {job_name} finished, but its pod and the result "
+            "in it are gone; a new Job checks the claim's files and reports them (nothing "
+            "already there is downloaded again).", **where,
+        ), PENDING_POLL_SECONDS  # fmt: skip
     if state == "Succeeded":
         done = {
             "commit": report.get("commit"),
