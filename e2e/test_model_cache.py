@@ -31,17 +31,6 @@ from devenv.dev import service_url
 from e2e.real_node_fixtures import ChartOperator
 from e2e.test_real_node import SAMPLE
 
-# Second run on the real node (2026-12-02 11:06, after the API-path fix 63db969): the
-# failures test passed (RevisionNotFound, Unauthorized, OutOfSpace, each failing its Job at
-# once; the gated copy downloaded with the token). The main test saw the download
-# mid-file (1,049,686 of 2,911,645 bytes), the pod killed, and the replacement resume it
-# (2,888,376 bytes of the 2,888,376-byte weights served in all), then failed: once Ready,
-# status.bytesDownloaded still held the mid-file figure, as if the finished Job's report
-# had not been read. Not diagnosed yet (issue 17).
-pytestmark = pytest.mark.skip(
-    reason="ModelCache: a Ready cache kept its mid-download bytesDownloaded; issue 17 is open"
-)
-
 REPO = Path(__file__).resolve().parents[1]
 HUB_SCRIPT = REPO / "devenv" / "hub_standin.py"
 TOKEN = "e2e-hub-token"
@@ -56,7 +45,10 @@ def cache_ns(
     cluster: ClusterHandle, chart_operator: ChartOperator, real_images: Images
 ) -> Iterator[str]:
     ns = f"e2e-cache-{secrets.token_hex(3)}"
-    cluster.apply(node.real_node_namespace(ns, pod_security="restricted"))
+    # Baseline, as test_real_node's: the vLLM pods the operator renders have no
+    # securityContext of their own yet, and restricted refuses them (the download Job's pod
+    # would pass restricted).
+    cluster.apply(node.real_node_namespace(ns, pod_security="baseline"))
     cluster.kubectl("wait", "--for=create", "serviceaccount/default", "-n", ns, "--timeout=60s")
     _start_hub(cluster, ns, real_images.vllm)
     volumes = _volumes(cluster, ns)
@@ -290,7 +282,7 @@ def _roll(cluster: ClusterHandle, ns: str, name: str, value: str) -> None:
                     timeout=310)  # fmt: skip
 
 
-def test_a_cache_downloads_once_resumes_and_serves_two_services(
+def test_a_cache_downloads_and_resumes_after_its_pod_is_killed(
     cluster: ClusterHandle, cache_ns: str
 ) -> None:
     ns = cache_ns
@@ -315,10 +307,26 @@ def test_a_cache_downloads_once_resumes_and_serves_two_services(
     [pod] = cluster.kubectl_json(
         "get", "pods", "-n", ns, "-l", "batch.kubernetes.io/job-name=tiny-download"
     )["items"]
+    killed = time.monotonic()
     cluster.kubectl("delete", "pod", pod["metadata"]["name"], "-n", ns, "--wait=false")
+    # SIGTERM stops the download (it is PID 1, where an unhandled SIGTERM is dropped and
+    # the pod would download on through its 30 s grace period); the pod object goes once
+    # it has stopped.
+    name = pod["metadata"]["name"]
+    wait_until(
+        "the killed pod stopped",
+        lambda: cluster.kubectl("get", "pod", name, "-n", ns, check=False).returncode != 0,
+        60,
+    )
+    print(f"the killed pod was gone {time.monotonic() - killed:.1f} s after its deletion")
     cache = _wait_reason(cluster, ns, "modelcache", "tiny", "Downloaded")
     st = cache["status"]
-    served = _stats(cluster, ns)["bytesServed"]["tiny/llama"][MODEL_FILE]
+    stats = _stats(cluster, ns)
+    served = stats["bytesServed"]["tiny/llama"][MODEL_FILE]
+    gets = sum(
+        r["count"] for r in stats["requests"]
+        if r["method"] == "GET" and r["repo"] == "tiny/llama" and r["file"] == MODEL_FILE
+    )  # fmt: skip
     size = next(
         f["size"] for f in httpx.get(
             f"{_hub(cluster, ns)}/api/models/tiny/llama?blobs=true", timeout=10
@@ -328,16 +336,33 @@ def test_a_cache_downloads_once_resumes_and_serves_two_services(
         f"resumed download: {served} bytes of {MODEL_FILE} served for a {size}-byte file; "
         f"commit {st['commit']}, {st['bytesTotal']} bytes in {st['filesTotal']} files"
     )
+    # Two fetches of the weights, the second a range request: the replacement resumed
+    # (one fetch would mean the killed pod finished the file during its grace period).
+    assert gets == 2, stats["requests"]
     assert served < 1.5 * size, "the second pod started the file over"
     assert st["bytesDownloaded"] == st["bytesTotal"]
     assert st["claimName"] == "tiny-weights"
     assert cache["metadata"]["finalizers"] == ["inference.vllm-operator.dev/model-cache-in-use"]
-    pods = cluster.kubectl_json(
-        "get", "pods", "-n", ns, "-l", "batch.kubernetes.io/job-name=tiny-download"
-    )["items"]
-    assert len(pods) >= 2, "the killed pod was replaced by another"
+    job = _get(cluster, ns, "job", "tiny-download")["status"]
+    assert (job.get("failed"), job.get("succeeded")) == (1, 1), job
     _control(cluster, ns, "_throttle?bytesPerSecond=0")
 
+
+# Its first run (2026-12-02, in a namespace enforcing restricted) found the services' pods
+# refused by PodSecurity, since the vLLM pods have no securityContext yet; the namespace
+# is baseline since, and this part has not run again.
+@pytest.mark.skip(reason="not yet run on the real node in a baseline namespace (issue 17)")
+def test_two_services_share_the_cache_without_asking_the_hub(
+    cluster: ClusterHandle, cache_ns: str
+) -> None:
+    """Runs after the test above, on the cache it filled."""
+    ns = cache_ns
+    size = next(
+        f["size"] for f in httpx.get(
+            f"{_hub(cluster, ns)}/api/models/tiny/llama?blobs=true", timeout=10
+        ).json()["siblings"] if f["rfilename"] == MODEL_FILE
+    )  # fmt: skip
+    _wait_reason(cluster, ns, "modelcache", "tiny", "Downloaded")
     # Two services share it; neither, nor a rollout of one, asks the Hub for anything.
     _control(cluster, ns, "_reset")
     for name in ("cached-a", "cached-b"):
