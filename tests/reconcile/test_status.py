@@ -166,3 +166,28 @@ def test_transition_time_is_kept_while_the_status_holds() -> None:
     assert cond is not None and cond.last_transition_time == NOW
     stalled = find(ready.conditions, "Stalled")
     assert stalled is not None and stalled.last_transition_time == earlier
+
+
+def test_pods_refused_by_admission_are_named_in_ready() -> None:
+    """The first real-node run of the shared model cache sat 8 minutes at '0 of 1 replicas
+    run the latest pod template' while PodSecurity refused every pod: the Deployment's
+    ReplicaFailure says why, and Ready must too."""
+    svc = isvc(warmup={"enabled": False})
+    deployment = _deployment(replicas=0, ready=0, updated=0)
+    refusal = (
+        'pods "x" is forbidden: violates PodSecurity "restricted:latest": '
+        "allowPrivilegeEscalation != false"
+    )
+    deployment["status"]["conditions"] = [
+        {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate", "message": refusal}
+    ]
+    status = compute_status(
+        svc,
+        Observed(tuning=plan_for(svc), desired_replicas=1, deployment=deployment),
+        now=NOW,
+    )
+    ready = find(status.conditions, "Ready")
+    assert ready is not None and (ready.status, ready.reason) == ("False", "RollingOut")
+    assert ready.message == (
+        f"0 of 1 replicas run the latest pod template. Pods cannot be created: {refusal}"
+    )

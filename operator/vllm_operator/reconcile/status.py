@@ -77,12 +77,29 @@ def _rollout(
     total = int(status.get("replicas", 0))
     available = int(status.get("availableReplicas", 0))
     if updated < desired:
-        return False, ready, f"{updated} of {desired} replicas run the latest pod template."
+        return (
+            False,
+            ready,
+            (
+                f"{updated} of {desired} replicas run the latest pod template."
+                + _replica_failure(status)
+            ),
+        )
     if total > desired:
         return False, ready, f"{total - desired} old replicas are still terminating."
     if available < desired:
         return False, ready, f"{ready} of {desired} replicas are ready."
     return True, ready, f"{ready} of {desired} replicas are ready."
+
+
+def _replica_failure(status: Manifest) -> str:
+    """ " Pods cannot be created: <why>" while the workload's controller is refused its pods
+    (PodSecurity, a quota, an admission policy): a rollout that is not merely slow."""
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "ReplicaFailure" and cond.get("status") == "True":
+            why = str(cond.get("message") or cond.get("reason") or "")
+            return f" Pods cannot be created: {why[:600]}"
+    return ""
 
 
 def _warmed_up(cond: Any, warmup_on: bool, warmed: int, desired: int, failed: list[str]) -> Any:
