@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import base64
 import copy
-import datetime as dt
-import ipaddress
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -35,13 +33,10 @@ from typing import Any
 
 import pytest
 import yaml
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from devenv.cluster import processes
+from devenv.cluster import pki, processes
 from devenv.cluster.cluster import ClusterHandle
+from devenv.vllm_server import free_port
 
 REPO = Path(__file__).parents[1]
 BUILD = REPO / "devenv" / "cluster" / "build-lws.sh"
@@ -75,66 +70,12 @@ def lws_crds(cluster: ClusterHandle, lws_dir: Path) -> ClusterHandle:
     return cluster
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def _listening(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=1):
             return True
     except OSError:
         return False
-
-
-def _serving_cert(cert_dir: Path) -> bytes:
-    """A CA and a serving certificate for 127.0.0.1 signed by it, in the file names
-    controller-runtime's webhook server reads (tls.crt, tls.key); the CA's PEM."""
-    now = dt.datetime.now(dt.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "vllm-op-e2e-lws-ca")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=2))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "lws-webhook")]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=2))
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    cert_dir.mkdir(parents=True, exist_ok=True)
-    (cert_dir / "tls.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (cert_dir / "tls.key").write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    (cert_dir / "tls.key").chmod(0o600)
-    return ca.public_bytes(serialization.Encoding.PEM)
 
 
 def webhook_configurations(
@@ -181,8 +122,8 @@ def lws_controller(lws_crds: ClusterHandle, lws_dir: Path) -> Iterator[LwsContro
     if settings is None:
         pytest.skip("the LWS controller runs against the local control plane only")
     work = settings.state_dir / "lws"
-    ca_pem = _serving_cert(work / "certs")
-    webhook_port, health_port = _free_port(), _free_port()
+    ca_pem = pki.serving_pair(work / "certs", ca_cn="vllm-op-e2e-lws-ca", cn="lws-webhook")
+    webhook_port, health_port = free_port(), free_port()
     config = {
         "apiVersion": "config.lws.x-k8s.io/v1alpha1",
         "kind": "Configuration",

@@ -27,9 +27,10 @@ import yaml
 from devenv.cluster import node
 from devenv.cluster.cluster import ClusterHandle
 from devenv.cluster.images import Images
+from e2e.k8s_helpers import condition, wait_for
 from e2e.real_node_fixtures import ChartOperator
 from e2e.test_benchmark import _bench
-from e2e.test_operator import _condition, _get, _wait
+from e2e.test_operator import _get
 from vllm_operator.constants import LABEL_SERVICE, LABEL_WARMUP_FOR
 from vllm_operator.reconcile.jobs import job_state
 
@@ -203,7 +204,7 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
         ),
         namespace=ns,
     )
-    _wait(
+    wait_for(
         lambda: (
             (i := _get(cluster, ns, "vis", "auto"))
             and i.get("status", {}).get("readyReplicas") == 1
@@ -228,7 +229,7 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
             _url(first), tmp_path / "heavy", concurrency=32, seconds=60, tokens=200, stream=False
         )
         loads.append(heavy)
-        _wait(
+        wait_for(
             lambda: (_get(cluster, ns, "vis", "auto") or {}).get("spec", {}).get("replicas") == 2,
             "the scale-up",
             timeout=80,
@@ -237,7 +238,7 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
         heavy.proc.wait(timeout=120)
         # The new pod takes traffic only once warmed up; the replicas stay meanwhile (the
         # scale-down window has not passed).
-        isvc = _wait(
+        isvc = wait_for(
             lambda: (
                 (i := _get(cluster, ns, "vis", "auto"))
                 and i.get("status", {}).get("readyReplicas") == 2
@@ -269,7 +270,7 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
         bench = _bench("hold", "auto", 900)
         bench["spec"]["arrival"]["ratePerSecond"] = 0.03
         cluster.apply(bench, namespace=ns)
-        _wait(
+        wait_for(
             lambda: (
                 (b := _get(cluster, ns, "inferencebenchmark", "hold"))
                 and b.get("status", {}).get("phase") == "Running"
@@ -287,7 +288,7 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
         repeated.append(light)
 
         # The signal asks for one replica; the benchmark holds it.
-        held = _wait(
+        held = wait_for(
             lambda: (
                 (i := _get(cluster, ns, "vis", "auto"))
                 and (i["status"].get("autoscaling") or {}).get("decision") == "ScaleDownHeld"
@@ -298,7 +299,7 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
         )
         timeline.mark("scale-down held")
         assert "InferenceBenchmark hold" in held["status"]["autoscaling"]["message"]
-        blocked = _condition(held, "ScaleDownBlocked")
+        blocked = condition(held, "ScaleDownBlocked")
         assert blocked.get("status") == "True" and "hold" in blocked.get("message", "")
         # Held for several periods while the load Job runs.
         hold_until = time.monotonic() + 20
@@ -313,7 +314,7 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
         # Now it scales down at once (the window had passed: that is what the hold said),
         # and the pod that goes is the idle, older one.
         try:
-            _wait(
+            wait_for(
                 lambda: (i := _get(cluster, ns, "vis", "auto")) and i["spec"]["replicas"] == 1,
                 "the scale-down after the benchmark",
                 timeout=60,
@@ -322,7 +323,7 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
             last = _get(cluster, ns, "vis", "auto") or {}
             auto = last.get("status", {}).get("autoscaling")
             raise AssertionError(f"{err}; status.autoscaling: {auto}") from None
-        _wait(lambda: len(_pods(cluster, ns, "auto")) == 1, "one pod left", timeout=60)
+        wait_for(lambda: len(_pods(cluster, ns, "auto")) == 1, "one pod left", timeout=60)
         timeline.mark("scaled down to one pod")
         (left,) = _pods(cluster, ns, "auto")
         assert left["metadata"]["name"] == second["metadata"]["name"], (

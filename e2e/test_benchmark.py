@@ -15,8 +15,9 @@ import pytest
 from devenv.cluster import node
 from devenv.cluster.cluster import ClusterHandle
 from devenv.cluster.images import Images
+from e2e.k8s_helpers import condition, wait_for
 from e2e.real_node_fixtures import ChartOperator, PodOperator
-from e2e.test_operator import _condition, _get, _wait
+from e2e.test_operator import _get
 from e2e.test_warmup import _isvc
 from vllm_operator.constants import GROUP
 
@@ -71,17 +72,17 @@ def test_a_benchmark_runs_and_no_path_can_scale_its_target_down(
 ) -> None:
     ns = target_ns
     cluster.apply(_target("svc", 2, real_images.fault_server), namespace=ns)
-    _wait(
+    wait_for(
         lambda: (
             (i := _get(cluster, ns, "vis", "svc"))
             and i.get("status", {}).get("readyReplicas") == 2
-            and _condition(i, "Ready").get("status") == "True"
+            and condition(i, "Ready").get("status") == "True"
         ),
         "two ready replicas",
         timeout=120,
     )
     cluster.apply(_bench("load", "svc", 30), namespace=ns)
-    _wait(lambda: _phase(cluster, ns, "load") == "Running", "the benchmark to run", timeout=90)
+    wait_for(lambda: _phase(cluster, ns, "load") == "Running", "the benchmark to run", timeout=90)
     job = _get(cluster, ns, "job", "load-load")
     assert job is not None
     [load] = _get(cluster, ns, "pods", "-l", "job-name=load-load")["items"]  # type: ignore[index]
@@ -89,13 +90,13 @@ def test_a_benchmark_runs_and_no_path_can_scale_its_target_down(
     assert load["spec"]["containers"][0]["image"] == real_images.operator
     assert job["metadata"]["labels"][f"{GROUP}/scale-down-lock"] == "true"
     assert job["metadata"]["labels"][f"{GROUP}/lock-target"] == "svc"
-    _wait(
+    wait_for(
         lambda: (
-            _condition(_get(cluster, ns, "vis", "svc"), "ScaleDownBlocked").get("status") == "True"
+            condition(_get(cluster, ns, "vis", "svc"), "ScaleDownBlocked").get("status") == "True"
         ),
         "ScaleDownBlocked=True",
     )
-    blocked = _condition(_get(cluster, ns, "vis", "svc"), "ScaleDownBlocked")
+    blocked = condition(_get(cluster, ns, "vis", "svc"), "ScaleDownBlocked")
     assert "load" in blocked["message"]
 
     # Every way down is refused while it runs ...
@@ -142,7 +143,7 @@ def test_a_benchmark_runs_and_no_path_can_scale_its_target_down(
         },
         namespace=ns,
     )
-    _wait(
+    wait_for(
         lambda: any(
             e.get("reason") == "FailedRescale"
             for e in (
@@ -164,9 +165,9 @@ def test_a_benchmark_runs_and_no_path_can_scale_its_target_down(
     assert _replicas(cluster, ns, "deployment", "svc") == 2
     # ... while up is allowed.
     cluster.kubectl("scale", "vis", "svc", "-n", ns, "--replicas=3")
-    _wait(lambda: _replicas(cluster, ns, "deployment", "svc") == 3, "the scale-up")
+    wait_for(lambda: _replicas(cluster, ns, "deployment", "svc") == 3, "the scale-up")
 
-    bench = _wait(
+    bench = wait_for(
         lambda: (
             (b := _get(cluster, ns, "inferencebenchmark", "load"))
             and b.get("status", {}).get("phase") in ("Succeeded", "Failed")
@@ -180,14 +181,14 @@ def test_a_benchmark_runs_and_no_path_can_scale_its_target_down(
     head = status["headline"]
     assert head["requests"] > 0 and head["succeeded"] > 0
     assert head["fromScheduled"]["ttft"]["p99"] >= 400, "the fake server waits 0.4 s"
-    assert _condition(bench, "Ready")["status"] == "True"
+    assert condition(bench, "Ready")["status"] == "True"
     # The lock is the load Job: a pass between the Job's end and the benchmark's Succeeded
     # can clear ScaleDownBlocked before the benchmark shows as the last one; the
     # benchmark's own status change then reconciles the target again.
-    isvc = _wait(
+    isvc = wait_for(
         lambda: (
             (i := _get(cluster, ns, "vis", "svc"))
-            and _condition(i, "ScaleDownBlocked").get("status") == "False"
+            and condition(i, "ScaleDownBlocked").get("status") == "False"
             and "lastBenchmark" in i["status"]
             and i
         ),
@@ -197,7 +198,7 @@ def test_a_benchmark_runs_and_no_path_can_scale_its_target_down(
     assert isvc["status"]["lastBenchmark"]["phase"] == "Succeeded"
     # Afterwards, down works again.
     cluster.kubectl("scale", "vis", "svc", "-n", ns, "--replicas=1")
-    _wait(lambda: _replicas(cluster, ns, "deployment", "svc") == 1, "the scale-down")
+    wait_for(lambda: _replicas(cluster, ns, "deployment", "svc") == 1, "the scale-down")
 
 
 def test_the_lock_clears_when_the_operator_is_down_as_the_benchmark_ends(
@@ -206,21 +207,20 @@ def test_the_lock_clears_when_the_operator_is_down_as_the_benchmark_ends(
     ns = target_ns
     operator: PodOperator = chart_operator.process
     cluster.apply(_target("svc", 2, real_images.fault_server), namespace=ns)
-    _wait(
+    wait_for(
         lambda: (
-            (i := _get(cluster, ns, "vis", "svc"))
-            and _condition(i, "Ready").get("status") == "True"
+            (i := _get(cluster, ns, "vis", "svc")) and condition(i, "Ready").get("status") == "True"
         ),
         "Ready",
         timeout=120,
     )
     cluster.apply(_bench("short", "svc", 10), namespace=ns)
-    _wait(lambda: _phase(cluster, ns, "short") == "Running", "the benchmark to run", timeout=90)
+    wait_for(lambda: _phase(cluster, ns, "short") == "Running", "the benchmark to run", timeout=90)
     operator.stop()  # the Deployment scaled to 0: no operator pod at all
     try:
         _refused(cluster, "scale", "vis", "svc", "-n", ns, "--replicas=1")
         # The load Job ends: the lock it is goes with it, no operator needed.
-        _wait(
+        wait_for(
             lambda: any(
                 c.get("type") == "Complete" and c.get("status") == "True"
                 for c in (_get(cluster, ns, "job", "short-load") or {})
@@ -234,7 +234,7 @@ def test_the_lock_clears_when_the_operator_is_down_as_the_benchmark_ends(
         assert _replicas(cluster, ns, "vis", "svc") == 1
     finally:
         operator.start()
-    _wait(
+    wait_for(
         lambda: _phase(cluster, ns, "short") in ("Succeeded", "Failed"),
         "the benchmark to be closed by the restarted operator",
         timeout=60,

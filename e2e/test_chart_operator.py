@@ -23,12 +23,12 @@ import pytest
 import yaml
 
 from devenv.cluster.cluster import ClusterHandle
+from e2e.k8s_helpers import wait_for
 from e2e.real_node_fixtures import ChartOperator, PodOperator
 
 # The scenario, collected again in this module against the pod.
 from e2e.test_operator import (  # noqa: F401
     _isvc,
-    _wait,
     _wait_ready,
     op,
     test_a_restart_mid_reconcile_leaves_no_twins_and_no_rollout,
@@ -70,8 +70,8 @@ def test_a_stall_is_recorded_with_one_event_under_the_service_account(
         conds = {c["type"]: c for c in isvc.get("status", {}).get("conditions", [])}
         return conds.get("Stalled", {}).get("status") == "True" and conds["Stalled"]
 
-    reason = _wait(stalled, "Stalled=True")["reason"]
-    events = _wait(
+    reason = wait_for(stalled, "Stalled=True")["reason"]
+    events = wait_for(
         lambda: [
             e
             for e in cluster.kubectl_json("get", "events", "-n", namespace,
@@ -116,7 +116,7 @@ def test_a_benchmark_gets_its_load_identity_under_the_service_account(
         },
         namespace=namespace,
     )
-    _wait(
+    wait_for(
         lambda: (
             cluster.kubectl("get", "job", "load-load", "-n", namespace, check=False).returncode == 0
         ),
@@ -211,11 +211,11 @@ def test_the_scale_down_lock_refuses_lower_replicas_on_every_path(
         assert "InferenceBenchmark bench" in proc.stderr
     # Scale-up stays allowed, and the operator follows it.
     cluster.kubectl("scale", "vis", "chat", "--replicas=3", "-n", namespace)
-    _wait(lambda: _replicas(cluster, namespace, "chat") == 3, "the scale-up under the lock")
+    wait_for(lambda: _replicas(cluster, namespace, "chat") == 3, "the scale-up under the lock")
     # Another service in the namespace is not locked.
     cluster.apply(_isvc("other", replicas=2), namespace=namespace)
     cluster.kubectl("scale", "vis", "other", "--replicas=1", "-n", namespace)
     # The lock gone, scale-down works again.
     cluster.kubectl("delete", "job", "bench-chat-lock", "-n", namespace)
     cluster.kubectl("scale", "vis", "chat", "--replicas=1", "-n", namespace)
-    _wait(lambda: _replicas(cluster, namespace, "chat") == 1, "the scale-down after the lock")
+    wait_for(lambda: _replicas(cluster, namespace, "chat") == 1, "the scale-down after the lock")

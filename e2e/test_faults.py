@@ -36,9 +36,10 @@ import yaml
 
 from devenv.cluster import components, processes
 from devenv.cluster.cluster import ClusterHandle
+from e2e.k8s_helpers import wait_for
 from e2e.operator_fixtures import OperatorProcess, log_dir
 from e2e.tcp_proxy import StallingProxy
-from e2e.test_operator import _get, _isvc, _wait, _wait_ready
+from e2e.test_operator import _get, _isvc, _wait_ready
 
 # The bound the stalled operator's /healthz is held to, and its resync period: liveness
 # should fail about RESYNC_S + LIVENESS_S after the stall (the resync overdue by the bound).
@@ -162,7 +163,7 @@ def test_a_silent_connection_fails_liveness_and_the_change_is_reconciled_once_it
     generation = _patch_spec(cluster, namespace, "chat", "2048")
     # Stuck: the resync overdue by the bound, nothing completed. The request timeout
     # (30 s) ends the resync's LIST meanwhile; a margin on top.
-    _wait(
+    wait_for(
         lambda: _healthz(health) == 503,
         "/healthz to fail while every connection is silent",
         timeout=RESYNC_S + LIVENESS_S + 30 + 30,
@@ -172,13 +173,13 @@ def test_a_silent_connection_fails_liveness_and_the_change_is_reconciled_once_it
 
     proxy.resume()
     resumed = time.monotonic()
-    _wait(
+    wait_for(
         lambda: _observed(cluster, namespace, "chat", generation),
         "the change made during the stall to be reconciled",
         timeout=STALL_CATCH_UP_S,
     )
     print(f"reconciled {time.monotonic() - resumed:.1f} s after new connections forwarded")
-    _wait(lambda: _healthz(health) == 200, "/healthz to recover", timeout=30)
+    wait_for(lambda: _healthz(health) == 200, "/healthz to recover", timeout=30)
 
 
 def _kill_apiserver(cluster: ClusterHandle) -> None:
@@ -186,7 +187,7 @@ def _kill_apiserver(cluster: ClusterHandle) -> None:
     pidfile = processes.PidFile.read(cluster.settings, "kube-apiserver")
     assert pidfile is not None and pidfile.alive(), "no kube-apiserver running"
     os.killpg(pidfile.pid, signal.SIGKILL)
-    _wait(lambda: not pidfile.alive(), "the kube-apiserver to die", timeout=30)
+    wait_for(lambda: not pidfile.alive(), "the kube-apiserver to die", timeout=30)
     processes.PidFile.path(cluster.settings, "kube-apiserver").unlink(missing_ok=True)
 
 
@@ -221,7 +222,7 @@ def test_after_an_apiserver_restart_a_change_is_reconciled_within_seconds(
         _start_apiserver(cluster)
     answering = time.monotonic()
     generation = _patch_spec(cluster, namespace, "chat", "2048")
-    _wait(
+    wait_for(
         lambda: _observed(cluster, namespace, "chat", generation),
         "the change made as the apiserver came back to be reconciled",
         timeout=RESTART_CATCH_UP_S,

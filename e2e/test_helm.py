@@ -33,7 +33,8 @@ from e2e.chart_fixtures import (  # noqa: F401  (fixtures, used by name)
     service_account_kubeconfig,
     token_subject,
 )
-from e2e.test_operator import _isvc, _wait
+from e2e.k8s_helpers import wait_for
+from e2e.test_operator import _isvc
 
 GROUP = "inference.vllm-operator.dev"
 CRDS = [
@@ -102,7 +103,7 @@ def test_the_admission_policy_compiles_without_type_warnings(
         status = policy.get("status", {})
         return status.get("observedGeneration") == policy["metadata"]["generation"] and status
 
-    status = _wait(checked, "the policy's type checking")
+    status = wait_for(checked, "the policy's type checking")
     assert not status.get("typeChecking", {}).get("expressionWarnings"), status
 
 

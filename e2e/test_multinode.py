@@ -16,14 +16,14 @@ plays them.
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from devenv.cluster.cluster import ClusterHandle
 from devenv.cluster.nodes import GPUShape, NodeShape, render_node
+from e2e.k8s_helpers import condition, lock_job, wait_for
 from e2e.lws_fixtures import NAMESPACE_LABEL, LwsController
 from e2e.operator_fixtures import OperatorProcess
 
@@ -36,19 +36,6 @@ NODE_LABEL = "e2e.vllm-operator.dev/lws-node"
 TAINT = "e2e.vllm-operator.dev/lws"
 NODES = {f"lws-h100-{rack}{i}": rack for rack in "ab" for i in "12"}
 HOLD = "e2e.vllm-operator.dev/hold"
-
-
-def _wait(predicate: Callable[[], Any], what: str, timeout: float = 90) -> Any:
-    """Poll until ``predicate`` returns something truthy (the waits are on state, with a
-    deadline; the pause between polls only spares the CPU)."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
 
 @pytest.fixture(scope="module")
@@ -107,21 +94,13 @@ def _get(cluster: ClusterHandle, ns: str, *what: str) -> dict[str, Any] | None:
     return obj
 
 
-def _condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:
-    for cond in (obj or {}).get("status", {}).get("conditions", []):
-        if cond["type"] == type_:
-            found: dict[str, Any] = cond
-            return found
-    return {}
-
-
 def _pods(cluster: ClusterHandle, ns: str) -> list[dict[str, Any]]:
     found = _get(cluster, ns, "pods", "-l", f"{LWS_NAME_LABEL}=big") or {}
     return [p for p in found.get("items", []) if not p["metadata"].get("deletionTimestamp")]
 
 
 def _running(pod: dict[str, Any]) -> bool:
-    ready = _condition(pod, "Ready").get("status") == "True"
+    ready = condition(pod, "Ready").get("status") == "True"
     return bool(pod["spec"].get("nodeName")) and pod["status"].get("phase") == "Running" and ready
 
 
@@ -150,7 +129,7 @@ def _ready_with(cluster: ClusterHandle, ns: str, groups: int) -> bool:
     isvc = _service(cluster, ns)
     status = isvc.get("status", {})
     return (
-        _condition(isvc, "Ready").get("status") == "True"
+        condition(isvc, "Ready").get("status") == "True"
         and status.get("readyReplicas") == groups
         and status.get("desiredReplicas") == groups
         and status.get("observedGeneration") == isvc["metadata"]["generation"]
@@ -179,13 +158,13 @@ def test_a_multi_node_service_runs_as_groups_on_the_real_lws_controller(
 
     # The group: a LeaderWorkerSet of one group of two pods, owned by the service, no
     # Deployment; both pods scheduled on this module's nodes, one per node, in one rack.
-    lws = _wait(lambda: _lws(cluster, ns).get("spec") and _lws(cluster, ns), "the LWS")
+    lws = wait_for(lambda: _lws(cluster, ns).get("spec") and _lws(cluster, ns), "the LWS", 90)
     assert _get(cluster, ns, "deployment", "big") is None
     assert lws["spec"]["leaderWorkerTemplate"]["size"] == 2
     assert lws["metadata"]["ownerReferences"][0]["kind"] == "InferenceService"
     assert lws["metadata"]["annotations"]["leaderworkerset.sigs.k8s.io/exclusive-topology"] == RACK
-    _wait(lambda: _groups_running(cluster, ns, 1), "one group running", 120)
-    _wait(lambda: _ready_with(cluster, ns, 1), "Ready with one group", 120)
+    wait_for(lambda: _groups_running(cluster, ns, 1), "one group running", 120)
+    wait_for(lambda: _ready_with(cluster, ns, 1), "Ready with one group", 120)
     (pods,) = _groups(cluster, ns).values()
     nodes = {p["spec"]["nodeName"] for p in pods}
     assert len(nodes) == 2 and nodes <= set(lws_nodes)
@@ -201,9 +180,9 @@ def test_a_multi_node_service_runs_as_groups_on_the_real_lws_controller(
 
     # Scaling the service changes the number of groups; each group takes a rack.
     _scale(cluster, ns, "vis", 2)
-    _wait(lambda: _lws(cluster, ns)["spec"]["replicas"] == 2, "two groups asked for")
-    _wait(lambda: _groups_running(cluster, ns, 2), "two groups running", 120)
-    _wait(lambda: _ready_with(cluster, ns, 2), "Ready with two groups", 120)
+    wait_for(lambda: _lws(cluster, ns)["spec"]["replicas"] == 2, "two groups asked for", 90)
+    wait_for(lambda: _groups_running(cluster, ns, 2), "two groups running", 120)
+    wait_for(lambda: _ready_with(cluster, ns, 2), "Ready with two groups", 120)
     racks = {
         index: {NODES[p["spec"]["nodeName"]] for p in pods}
         for index, pods in _groups(cluster, ns).items()
@@ -214,20 +193,20 @@ def test_a_multi_node_service_runs_as_groups_on_the_real_lws_controller(
     # Ready follows the groups: a third group has no rack left, so it never becomes ready,
     # and the service is not Ready with two of three.
     _scale(cluster, ns, "vis", 3)
-    _wait(lambda: _lws(cluster, ns)["spec"]["replicas"] == 3, "three groups asked for")
+    wait_for(lambda: _lws(cluster, ns)["spec"]["replicas"] == 3, "three groups asked for", 90)
 
     def not_ready_two_of_three() -> bool:
         isvc = _service(cluster, ns)
         status = isvc.get("status", {})
         return (
-            _condition(isvc, "Ready").get("status") == "False"
+            condition(isvc, "Ready").get("status") == "False"
             and status.get("desiredReplicas") == 3
             and status.get("readyReplicas") == 2
         )
 
-    _wait(not_ready_two_of_three, "Ready=False with 2 of 3 groups ready", 120)
+    wait_for(not_ready_two_of_three, "Ready=False with 2 of 3 groups ready", 120)
     _scale(cluster, ns, "vis", 2)
-    _wait(lambda: _ready_with(cluster, ns, 2), "Ready again with two groups", 120)
+    wait_for(lambda: _ready_with(cluster, ns, 2), "Ready again with two groups", 120)
 
     # A killed worker takes its whole group with it (RecreateGroupOnPodRestart): the leader
     # is recreated too, and the group comes back. LWS acts on the worker's deletionTimestamp
@@ -251,7 +230,7 @@ def test_a_multi_node_service_runs_as_groups_on_the_real_lws_controller(
         )
 
     try:
-        _wait(leader_deleted, "LWS to delete the group's leader", 120)
+        wait_for(leader_deleted, "LWS to delete the group's leader", 120)
     finally:  # never a pod left that holds its namespace's deletion
         cluster.kubectl("patch", "pod", worker_name, "-n", ns, "--type=merge",
                         "-p", json.dumps({"metadata": {"finalizers": None}}),
@@ -262,39 +241,15 @@ def test_a_multi_node_service_runs_as_groups_on_the_real_lws_controller(
         now = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
         return set(now) == set(group0) and all(now[n] != group0[n] for n in group0)
 
-    _wait(recreated, "group 0 recreated, leader included", 120)
-    _wait(lambda: _groups_running(cluster, ns, 2), "two groups running again", 120)
-    _wait(lambda: _ready_with(cluster, ns, 2), "Ready after the group came back", 120)
+    wait_for(recreated, "group 0 recreated, leader included", 120)
+    wait_for(lambda: _groups_running(cluster, ns, 2), "two groups running again", 120)
+    wait_for(lambda: _ready_with(cluster, ns, 2), "Ready after the group came back", 120)
 
     # A benchmark's lock holds the groups: neither the service nor its LeaderWorkerSet may
     # go down while the load Job runs; the service says so.
-    cluster.apply(
-        {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": {
-                "name": "lock",
-                "labels": {
-                    f"{GROUP}/scale-down-lock": "true",
-                    f"{GROUP}/lock-target": "big",
-                    f"{GROUP}/inference-benchmark": "lock",
-                },
-            },
-            # Suspended: no pod runs and it never finishes; the lock holds until deleted.
-            "spec": {
-                "suspend": True,
-                "template": {
-                    "spec": {
-                        "restartPolicy": "Never",
-                        "containers": [{"name": "c", "image": "none"}],
-                    }
-                },
-            },
-        },
-        namespace=ns,
-    )
-    _wait(
-        lambda: _condition(_service(cluster, ns), "ScaleDownBlocked").get("status") == "True",
+    cluster.apply(lock_job("big"), namespace=ns)
+    wait_for(
+        lambda: condition(_service(cluster, ns), "ScaleDownBlocked").get("status") == "True",
         "ScaleDownBlocked=True",
         60,
     )
@@ -307,11 +262,11 @@ def test_a_multi_node_service_runs_as_groups_on_the_real_lws_controller(
 
     # The lock goes with its Job: scaling down removes a whole group.
     cluster.kubectl("delete", "job", "lock", "-n", ns)
-    _wait(
-        lambda: _condition(_service(cluster, ns), "ScaleDownBlocked").get("status") == "False",
+    wait_for(
+        lambda: condition(_service(cluster, ns), "ScaleDownBlocked").get("status") == "False",
         "ScaleDownBlocked=False",
         60,
     )
     _scale(cluster, ns, "vis", 1)
-    _wait(lambda: _groups_running(cluster, ns, 1), "one group left", 120)
-    _wait(lambda: _ready_with(cluster, ns, 1), "Ready with one group", 120)
+    wait_for(lambda: _groups_running(cluster, ns, 1), "one group left", 120)
+    wait_for(lambda: _ready_with(cluster, ns, 1), "Ready with one group", 120)

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from devenv.cluster.cluster import ClusterHandle
+from e2e.k8s_helpers import condition, lock_job, wait_for
 from e2e.operator_fixtures import OperatorProcess
 
 GROUP = "inference.vllm-operator.dev"
@@ -32,24 +31,11 @@ def _isvc(name: str, **spec: Any) -> dict[str, Any]:
     return body
 
 
-def _wait(predicate: Callable[[], Any], what: str, timeout: float = 60) -> Any:
-    """Poll until ``predicate`` returns something truthy (the waits are on state, with a
-    deadline; the pause between polls only spares the CPU)."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
-
-
 def _await_pass(op: OperatorProcess, ns: str, name: str, mark: Any, timeout: float = 120) -> None:
     """Wait for a reconcile pass of ``ns/name`` that ended after ``mark`` (a position in
     the operator's log): the debug line the operator writes after each pass."""
     line = f"Reconciled InferenceService {ns}/{name}:"
-    _wait(lambda: line in op.log_since(mark), f"a reconcile pass of {ns}/{name}", timeout)
+    wait_for(lambda: line in op.log_since(mark), f"a reconcile pass of {ns}/{name}", timeout)
 
 
 def _get(cluster: ClusterHandle, ns: str, *what: str) -> dict[str, Any] | None:
@@ -58,14 +44,6 @@ def _get(cluster: ClusterHandle, ns: str, *what: str) -> dict[str, Any] | None:
         return None
     obj: dict[str, Any] = json.loads(proc.stdout)
     return obj
-
-
-def _condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:
-    for cond in (obj or {}).get("status", {}).get("conditions", []):
-        if cond["type"] == type_:
-            found: dict[str, Any] = cond
-            return found
-    return {}
 
 
 def _wait_ready(cluster: ClusterHandle, ns: str, name: str, timeout: int = 90) -> None:
@@ -150,12 +128,12 @@ def test_a_spec_change_rolls_out_and_observed_generation_follows(
             and dep["metadata"]["generation"] > before["metadata"]["generation"]
         )
 
-    _wait(rolled, "the Deployment to carry the override")
-    isvc = _wait(
+    wait_for(rolled, "the Deployment to carry the override")
+    isvc = wait_for(
         lambda: (
             (i := _get(cluster, namespace, "vis", "chat"))
             and i["status"]["observedGeneration"] == i["metadata"]["generation"]
-            and _condition(i, "Ready").get("status") == "True"
+            and condition(i, "Ready").get("status") == "True"
             and i
         ),
         "observedGeneration to follow and Ready to return",
@@ -196,11 +174,11 @@ def test_children_edited_or_deleted_by_hand_are_restored(
             ]
         ),
     )
-    _wait(lambda: image() == rendered, "the image to be restored")
+    wait_for(lambda: image() == rendered, "the image to be restored")
     cluster.kubectl("delete", "service", "chat", "-n", namespace)
-    _wait(lambda: _get(cluster, namespace, "service", "chat"), "the Service to be recreated")
+    wait_for(lambda: _get(cluster, namespace, "service", "chat"), "the Service to be recreated")
     cluster.kubectl("delete", "pdb", "chat", "-n", namespace)
-    _wait(lambda: _get(cluster, namespace, "pdb", "chat"), "the PDB to be recreated")
+    wait_for(lambda: _get(cluster, namespace, "pdb", "chat"), "the PDB to be recreated")
 
 
 @pytest.mark.parametrize("running", [True, False], ids=["operator running", "operator stopped"])
@@ -215,8 +193,8 @@ def test_deleting_the_service_garbage_collects_its_children(
     try:
         cluster.kubectl("delete", "vis", "chat", "-n", namespace, "--wait=true", "--timeout=30s")
         for kind in ("deployment", "service", "pdb"):
-            _wait(lambda k=kind: _get(cluster, namespace, k, "chat") is None, f"{kind} to go")
-        _wait(
+            wait_for(lambda k=kind: _get(cluster, namespace, k, "chat") is None, f"{kind} to go")
+        wait_for(
             lambda: not (_get(cluster, namespace, "pods") or {"items": [1]})["items"],
             "the pods to go",
         )
@@ -232,16 +210,16 @@ def test_an_unsatisfiable_spec_stalls_without_a_retry_storm(
     huge = _isvc("huge", gpu={"count": 16})
     huge["spec"]["model"] = {"source": {"huggingFace": {"repo": "meta-llama/Llama-3.1-8B"}}}
     cluster.apply(huge, namespace=namespace)
-    stalled = _wait(
+    stalled = wait_for(
         lambda: (
-            _condition(_get(cluster, namespace, "vis", "huge"), "Stalled").get("status") == "True"
-            and _condition(_get(cluster, namespace, "vis", "huge"), "Stalled")
+            condition(_get(cluster, namespace, "vis", "huge"), "Stalled").get("status") == "True"
+            and condition(_get(cluster, namespace, "vis", "huge"), "Stalled")
         ),
         "Stalled=True",
     )
     assert stalled["reason"] == "NotEnoughGPUs"
     assert "16 GPUs" in stalled["message"]
-    ready = _condition(_get(cluster, namespace, "vis", "huge"), "Ready")
+    ready = condition(_get(cluster, namespace, "vis", "huge"), "Ready")
     assert ready["status"] == "False" and ready["reason"] == "NotEnoughGPUs"
     assert _get(cluster, namespace, "deployment", "huge") is None, "nothing that cannot run"
     # Over the next reconcile pass (a resync's) the object is left alone: one event,
@@ -298,11 +276,9 @@ def test_an_internal_error_that_repeats_stalls_the_service_and_clears_after_a_ch
     cluster.apply(hook)
     try:
         cluster.apply(_isvc("hooked"), namespace=namespace)
-        stalled = _wait(
+        stalled = wait_for(
             lambda: (
-                (c := _condition(_get(cluster, namespace, "vis", "hooked"), "Stalled")).get(
-                    "reason"
-                )
+                (c := condition(_get(cluster, namespace, "vis", "hooked"), "Stalled")).get("reason")
                 == "ApiServerError"
                 and c
             ),
@@ -324,18 +300,18 @@ def test_kubectl_scale_changes_the_replicas(op: OperatorProcess, namespace: str)
     cluster.apply(_isvc("chat"), namespace=namespace)
     _wait_ready(cluster, namespace, "chat")
     cluster.kubectl("scale", "vis", "chat", "-n", namespace, "--replicas=2")
-    _wait(
+    wait_for(
         lambda: (
             (_get(cluster, namespace, "deployment", "chat") or {}).get("spec", {}).get("replicas")
             == 2
         ),
         "the Deployment to have 2 replicas",
     )
-    _wait(
+    wait_for(
         lambda: (
             (i := _get(cluster, namespace, "vis", "chat"))
             and i["status"].get("readyReplicas") == 2
-            and _condition(i, "Ready").get("status") == "True"
+            and condition(i, "Ready").get("status") == "True"
         ),
         "two ready replicas",
     )
@@ -356,7 +332,7 @@ def test_a_restart_mid_reconcile_leaves_no_twins_and_no_rollout(
     cluster = op.cluster
     cluster.apply(_isvc("chat"), namespace=namespace)
     # Killed mid-reconcile: once its first child exists, before the rest and the status.
-    _wait(lambda: _get(cluster, namespace, "deployment", "chat"), "the first child", timeout=60)
+    wait_for(lambda: _get(cluster, namespace, "deployment", "chat"), "the first child", timeout=60)
     op.stop(kill=True)
     op.start()
     _wait_ready(cluster, namespace, "chat")
@@ -418,14 +394,14 @@ def test_an_hpa_scales_the_service_through_its_scale_subresource(
         },
         namespace=namespace,
     )
-    _wait(
+    wait_for(
         lambda: (
             (_get(cluster, namespace, "vis", "chat") or {}).get("spec", {}).get("replicas") == 2
         ),
         "the HPA to set spec.replicas to 2",
         timeout=90,
     )
-    _wait(
+    wait_for(
         lambda: (
             (_get(cluster, namespace, "deployment", "chat") or {}).get("spec", {}).get("replicas")
             == 2
@@ -464,18 +440,18 @@ def test_hpa_mode_hands_the_real_hpa_controller_the_scale_subresource_and_the_lo
     )
 
     def hpa_condition(type_: str) -> dict[str, Any]:
-        return _condition(_get(cluster, ns, "hpa", "hpa"), type_)
+        return condition(_get(cluster, ns, "hpa", "hpa"), type_)
 
     # The real HPA controller read the InferenceService's scale subresource ...
-    _wait(lambda: hpa_condition("AbleToScale").get("status") == "True", "AbleToScale", 90)
+    wait_for(lambda: hpa_condition("AbleToScale").get("status") == "True", "AbleToScale", 90)
     # ... and, with no metrics adapter in this cluster, says it cannot get the metric.
-    active = _wait(lambda: hpa_condition("ScalingActive") or None, "ScalingActive", 90)
+    active = wait_for(lambda: hpa_condition("ScalingActive") or None, "ScalingActive", 90)
     assert "vllm_num_requests_waiting" in active.get("message", ""), active
     hpa = _get(cluster, ns, "hpa", "hpa")
     assert hpa is not None
     assert hpa["spec"]["metrics"][0]["pods"]["target"]["averageValue"] in ("500m", "0.5")
     assert hpa["spec"]["behavior"]["scaleDown"]["selectPolicy"] == "Max"
-    _wait(
+    wait_for(
         lambda: ((_get(cluster, ns, "vis", "hpa") or {}).get("status", {}).get("autoscaling")
                  or {}).get("horizontalPodAutoscaler") == "hpa",
         "status.autoscaling to name the HPA",
@@ -483,44 +459,19 @@ def test_hpa_mode_hands_the_real_hpa_controller_the_scale_subresource_and_the_lo
     )  # fmt: skip
 
     # A benchmark's lock (its load Job) turns the HPA's scale-down off, and back on after.
-    cluster.apply(
-        {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": {
-                "name": "lock",
-                "labels": {
-                    f"{GROUP}/scale-down-lock": "true",
-                    f"{GROUP}/lock-target": "hpa",
-                    f"{GROUP}/inference-benchmark": "lock",
-                },
-            },
-            # Suspended: no pod runs (kwok would complete it at once), and it never
-            # finishes, so the lock holds until the Job is deleted.
-            "spec": {
-                "suspend": True,
-                "template": {
-                    "spec": {
-                        "restartPolicy": "Never",
-                        "containers": [{"name": "c", "image": "none"}],
-                    }
-                },
-            },
-        },
-        namespace=ns,
-    )
+    cluster.apply(lock_job("hpa"), namespace=ns)
 
     def select_policy() -> str:
         found = _get(cluster, ns, "hpa", "hpa") or {}
         return str(found["spec"]["behavior"]["scaleDown"]["selectPolicy"])
 
-    _wait(lambda: _get(cluster, ns, "job", "lock", ) and select_policy() == "Disabled",
+    wait_for(lambda: _get(cluster, ns, "job", "lock", ) and select_policy() == "Disabled",
           "scale-down Disabled", 60)  # fmt: skip
     cluster.kubectl("delete", "job", "lock", "-n", ns)
-    _wait(lambda: select_policy() == "Max", "scale-down back on", 60)
+    wait_for(lambda: select_policy() == "Max", "scale-down back on", 60)
     # Autoscaling off: the HPA goes.
     cluster.kubectl(
         "patch", "vis", "hpa", "-n", ns, "--type=merge",
         "-p", '{"spec": {"autoscaling": {"enabled": false}}}',
     )  # fmt: skip
-    _wait(lambda: _get(cluster, ns, "hpa", "hpa") is None, "the HPA to go", 60)
+    wait_for(lambda: _get(cluster, ns, "hpa", "hpa") is None, "the HPA to go", 60)

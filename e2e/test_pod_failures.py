@@ -26,8 +26,9 @@ import yaml
 
 from devenv.cluster.cluster import ClusterHandle
 from devenv.cluster.images import Images
+from e2e.k8s_helpers import condition, wait_for
 from e2e.real_node_fixtures import ChartOperator
-from e2e.test_operator import _condition, _get, _wait
+from e2e.test_operator import _get
 
 SAMPLE = yaml.safe_load((Path(__file__).parents[1] / "examples" / "dev-sample.yaml").read_text())
 
@@ -45,7 +46,7 @@ def _service(name: str, **spec: Any) -> dict[str, Any]:
 
 def _ready_says(cluster: ClusterHandle, ns: str, name: str, reason: str) -> dict[str, Any] | None:
     obj = _get(cluster, ns, "vis", name)
-    if obj and _condition(obj, "Ready").get("reason") == reason:
+    if obj and condition(obj, "Ready").get("reason") == reason:
         return obj
     return None
 
@@ -86,10 +87,10 @@ def test_crash_loops_from_vllms_own_errors_stall_with_the_log_line(
         ("badflag", "InvalidArgument", "unrecognized arguments: --swap-space"),
         ("nomodel", "ModelNotFound", "Repo id must be in the form"),
     ):
-        obj = _wait(
+        obj = wait_for(
             lambda n=name, r=reason: (
                 (o := _ready_says(cluster, ns, n, r))
-                and _condition(o, "Stalled").get("status") == "True"
+                and condition(o, "Stalled").get("status") == "True"
                 and o
             ),
             f"{name}: Ready={reason} and Stalled=True",
@@ -121,7 +122,7 @@ def test_oom_image_pull_and_unschedulable_are_named(
         ],
         namespace=ns,
     )
-    nowhere = _wait(
+    nowhere = wait_for(
         lambda: _ready_says(cluster, ns, "nowhere", "Unschedulable"),
         "nowhere: Ready=Unschedulable",
         timeout=120,
@@ -129,17 +130,17 @@ def test_oom_image_pull_and_unschedulable_are_named(
     conds = _conditions(nowhere)
     assert conds["Stalled"][0] == "False" and conds["Reconciling"][:2] == ("True", "Unschedulable")
     assert "Insufficient memory" in conds["Ready"][2], conds
-    nopull = _wait(
+    nopull = wait_for(
         lambda: (
             (o := _ready_says(cluster, ns, "nopull", "ImagePullFailed"))
-            and _condition(o, "Stalled").get("status") == "True"
+            and condition(o, "Stalled").get("status") == "True"
             and o
         ),
         "nopull: Ready=ImagePullFailed and Stalled=True",
         timeout=180,
     )
     assert missing in _conditions(nopull)["Ready"][2]
-    oom = _wait(
+    oom = wait_for(
         lambda: _ready_says(cluster, ns, "oom", "OOMKilled"),
         "oom: Ready=OOMKilled",
         timeout=240,

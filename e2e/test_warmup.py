@@ -22,8 +22,8 @@ from devenv.cluster import node
 from devenv.cluster.cluster import ClusterHandle
 from devenv.cluster.images import Images
 from devenv.cluster.processes import wait_until
+from e2e.k8s_helpers import condition
 from e2e.real_node_fixtures import ChartOperator
-from e2e.test_operator import _condition
 from vllm_operator.constants import GROUP, LABEL_SERVICE, LABEL_WARMUP_FOR
 from vllm_operator.constants import WARMED_UP_CONDITION as GATE
 
@@ -94,7 +94,7 @@ def _ready_replicas(cluster: ClusterHandle, ns: str, name: str, n: int) -> dict[
         isvc = _isvc_now(cluster, ns, name)
         return (
             isvc.get("status", {}).get("readyReplicas") == n
-            and _condition(isvc, "Ready").get("status") == "True"
+            and condition(isvc, "Ready").get("status") == "True"
         )
 
     wait_until(f"{n} ready replicas of {name}", ready, 180)
@@ -127,13 +127,13 @@ def test_a_pod_becomes_ready_after_its_warmup_and_scaling_up_warms_only_the_new_
     assert job["metadata"]["name"] in conds[GATE]["message"]
     assert job["status"].get("succeeded") == 1
     assert job["metadata"]["ownerReferences"][0]["uid"] == pod["metadata"]["uid"]
-    assert _condition(isvc, "WarmedUp")["status"] == "True"
+    assert condition(isvc, "WarmedUp")["status"] == "True"
 
     cluster.kubectl("scale", "vis", "svc", "-n", ns, "--replicas=2")
     _ready_replicas(cluster, ns, "svc", 2)
     jobs = sorted(j["metadata"]["name"] for j in _jobs(cluster, ns, "svc"))
     assert len(jobs) == 2 and job["metadata"]["name"] in jobs, jobs
-    gates = [_condition(p, GATE)["message"] for p in _servers(cluster, ns, "svc")]
+    gates = [condition(p, GATE)["message"] for p in _servers(cluster, ns, "svc")]
     assert all(any(j in g for g in gates) for j in jobs), "each pod warmed by its own Job"
 
 
@@ -146,14 +146,14 @@ def test_a_failing_warmup_keeps_the_pod_out_with_the_reason(
     wait_until(
         "WarmedUp=False with WarmupFailed",
         lambda: (
-            _condition(_isvc_now(cluster, ns, "broken"), "WarmedUp").get("reason") == "WarmupFailed"
+            condition(_isvc_now(cluster, ns, "broken"), "WarmedUp").get("reason") == "WarmupFailed"
         ),
         120,
     )
     isvc = _isvc_now(cluster, ns, "broken")
-    assert _condition(isvc, "Ready")["status"] == "False"
-    assert _condition(isvc, "Ready")["reason"] == "WarmupFailed"
-    message = _condition(isvc, "WarmedUp")["message"]
+    assert condition(isvc, "Ready")["status"] == "False"
+    assert condition(isvc, "Ready")["reason"] == "WarmupFailed"
+    message = condition(isvc, "WarmedUp")["message"]
     assert "500" in message or "Error" in message, message
     [pod] = _servers(cluster, ns, "broken")
     conds = {c["type"]: c for c in pod["status"]["conditions"]}
@@ -206,7 +206,7 @@ def test_an_operator_crash_mid_warmup_neither_skips_nor_repeats_it(
     jobs = _jobs(cluster, ns, "slow")
     assert [j["metadata"]["name"] for j in jobs] == [job["metadata"]["name"]], "one Job only"
     assert jobs[0]["status"].get("succeeded") == 1, "the gate opened only after it succeeded"
-    assert _condition(isvc, "WarmedUp")["status"] == "True"
+    assert condition(isvc, "WarmedUp")["status"] == "True"
 
 
 def test_a_server_container_restarted_by_the_kubelet_is_warmed_again(
@@ -223,7 +223,7 @@ def test_a_server_container_restarted_by_the_kubelet_is_warmed_again(
     def warmed_again() -> bool:
         [now] = _servers(cluster, ns, "svc")
         status = now["status"]["containerStatuses"][0]
-        gate = _condition(now, GATE)
+        gate = condition(now, GATE)
         return (
             status["restartCount"] == 1
             and gate.get("status") == "True"
@@ -236,6 +236,6 @@ def test_a_server_container_restarted_by_the_kubelet_is_warmed_again(
     jobs = {j["metadata"]["name"]: j for j in _jobs(cluster, ns, "svc")}
     assert len(jobs) == 2 and first in jobs, sorted(jobs)
     [second] = [name for name in jobs if name != first]
-    assert second in _condition(now, GATE)["message"]
+    assert second in condition(now, GATE)["message"]
     assert jobs[second]["status"].get("succeeded") == 1
-    assert _condition(_isvc_now(cluster, ns, "svc"), "Ready")["status"] == "True"
+    assert condition(_isvc_now(cluster, ns, "svc"), "Ready")["status"] == "True"

@@ -138,6 +138,27 @@ def _sign(
     return builder.sign(ca_key, hashes.SHA256())
 
 
+def serving_pair(directory: Path, *, ca_cn: str, cn: str, ip: str = "127.0.0.1") -> bytes:
+    """A fresh CA and a serving certificate for ``ip`` signed by it, written as
+    ``directory/tls.crt`` and ``tls.key`` (the names controller-runtime's webhook server
+    reads); returns the CA's PEM, for a webhook configuration's caBundle."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca_key = _new_key()
+    ca_cert = _sign(_name(ca_cn), ca_key, None, ca_key, is_ca=True)
+    key = _new_key()
+    cert = _sign(
+        _name(cn),
+        key,
+        ca_cert,
+        ca_key,
+        usages=(ExtendedKeyUsageOID.SERVER_AUTH,),
+        sans=(x509.IPAddress(ipaddress.ip_address(ip)),),
+    )
+    _write_key(directory / "tls.key", key)
+    _write_cert(directory / "tls.crt", cert)
+    return ca_cert.public_bytes(serialization.Encoding.PEM)
+
+
 def generate(pki: Path, *, service_ip: str) -> None:
     """Writes the CA, serving, client and service-account material into `pki`.
 

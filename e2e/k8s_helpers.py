@@ -1,0 +1,60 @@
+"""Small helpers the cluster-tier tests share: a poll with a deadline, a status condition,
+and the benchmark lock a test holds by hand."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+# Spelled out, not imported from the operator: a renamed label must fail the tests.
+GROUP = "inference.vllm-operator.dev"
+
+
+def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 60) -> Any:
+    """Poll until ``predicate`` returns something truthy, and return it (the waits are on
+    state, with a deadline; the pause between polls only spares the CPU)."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:
+    """The condition of that type in ``obj``'s status, or {}."""
+    for cond in (obj or {}).get("status", {}).get("conditions", []):
+        if cond["type"] == type_:
+            found: dict[str, Any] = cond
+            return found
+    return {}
+
+
+def lock_job(target: str) -> dict[str, Any]:
+    """A benchmark's scale-down lock on service ``target``, as its load Job carries it.
+    Suspended: no pod runs (kwok would complete it at once), and it never finishes, so the
+    lock holds until the Job is deleted."""
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": "lock",
+            "labels": {
+                f"{GROUP}/scale-down-lock": "true",
+                f"{GROUP}/lock-target": target,
+                f"{GROUP}/inference-benchmark": "lock",
+            },
+        },
+        "spec": {
+            "suspend": True,
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [{"name": "c", "image": "none"}],
+                }
+            },
+        },
+    }
