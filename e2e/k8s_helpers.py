@@ -7,6 +7,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from vllm_operator.reconcile.conditions import manifest_condition
+
 # Spelled out, not imported from the operator: a renamed label must fail the tests.
 GROUP = "inference.vllm-operator.dev"
 
@@ -26,11 +28,7 @@ def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 60) -> An
 
 def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:
     """The condition of that type in ``obj``'s status, or {}."""
-    for cond in (obj or {}).get("status", {}).get("conditions", []):
-        if cond["type"] == type_:
-            found: dict[str, Any] = cond
-            return found
-    return {}
+    return manifest_condition(obj or {}, type_) or {}
 
 
 def lock_job(target: str) -> dict[str, Any]:

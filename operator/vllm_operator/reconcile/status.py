@@ -19,7 +19,7 @@ from vllm_operator.models.inference_service import (
     WarmupStatus,
 )
 from vllm_operator.reconcile.adapters import AdaptersObserved
-from vllm_operator.reconcile.conditions import condition, pod_condition
+from vllm_operator.reconcile.conditions import condition, manifest_condition, pod_condition
 from vllm_operator.reconcile.pods import pod_problem
 from vllm_operator.render.deployment import served_model_name
 from vllm_operator.render.meta import selector_string
@@ -82,7 +82,7 @@ def _rollout(
             ready,
             (
                 f"{updated} of {desired} replicas run the latest pod template."
-                + _replica_failure(status)
+                + _replica_failure(deployment)
             ),
         )
     if total > desired:
@@ -92,14 +92,14 @@ def _rollout(
     return True, ready, f"{ready} of {desired} replicas are ready."
 
 
-def _replica_failure(status: Manifest) -> str:
+def _replica_failure(workload: Manifest) -> str:
     """ " Pods cannot be created: <why>" while the workload's controller is refused its pods
     (PodSecurity, a quota, an admission policy): a rollout that is not merely slow."""
-    for cond in status.get("conditions") or []:
-        if cond.get("type") == "ReplicaFailure" and cond.get("status") == "True":
-            why = str(cond.get("message") or cond.get("reason") or "")
-            return f" Pods cannot be created: {why[:600]}"
-    return ""
+    cond = manifest_condition(workload, "ReplicaFailure") or {}
+    if cond.get("status") != "True":
+        return ""
+    why = str(cond.get("message") or cond.get("reason") or "")
+    return f" Pods cannot be created: {why[:600]}"
 
 
 def _warmed_up(cond: Any, warmup_on: bool, warmed: int, desired: int, failed: list[str]) -> Any:
