@@ -67,6 +67,10 @@ class VllmServerError(RuntimeError):
     """The server exited or did not become healthy; the message ends with its log tail."""
 
 
+# Put on the server's PYTHONPATH: its sitecustomize asks Linux for AMX tile state.
+AMX_PERMISSION_DIR = Path(__file__).resolve().parent / "amx_permission"
+
+
 @dataclasses.dataclass(frozen=True)
 class KvCacheCapacity:
     """What vLLM reported about its KV cache at startup."""
@@ -287,6 +291,11 @@ class VllmServer:
         env["VLLM_CPU_KVCACHE_SPACE"] = f"{self.settings.kv_cache_space_gib:g}"
         env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
         env["PYTHONUNBUFFERED"] = "1"
+        # Every process of the server asks for AMX first (amx_permission/sitecustomize.py:
+        # an eager CPU vLLM, LoRA on, otherwise dies of SIGILL on AMX CPUs).
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(AMX_PERMISSION_DIR), env.get("PYTHONPATH", "")) if p
+        )
         env.update(dict(self.settings.extra_env))
         return env
 
