@@ -348,10 +348,8 @@ def test_a_cache_downloads_and_resumes_after_its_pod_is_killed(
     _control(cluster, ns, "_throttle?bytesPerSecond=0")
 
 
-# Its first run (2026-12-02, in a namespace enforcing restricted) found the services' pods
-# refused by PodSecurity, since the vLLM pods have no securityContext yet; the namespace
-# is baseline since, and this part has not run again.
-@pytest.mark.skip(reason="not yet run on the real node in a baseline namespace (issue 17)")
+# The namespace is baseline, not restricted: the vLLM pods have no securityContext yet, and
+# PodSecurity refused them under restricted (first run, 2026-12-02).
 def test_two_services_share_the_cache_without_asking_the_hub(
     cluster: ClusterHandle, cache_ns: str
 ) -> None:
