@@ -53,8 +53,9 @@ release: venv binaries node-deps ## Build dist/: wheel, sdist, the packaged char
 .PHONY: setup
 setup: venv binaries vllm node-deps node-binaries images promtool ## Everything the tests need: venv, binaries, CPU vLLM, the real node and its images, promtool.
 
-# The timing tier asserts millisecond accuracy against the wall clock of this shared
-# 2-core machine, and a busy moment fails it now and then (2026-12-01: 1 of 3 full runs).
+# The timing tier asserts millisecond accuracy against the wall clock of a shared 2-core
+# machine. Its tolerance widens by the lateness the machine showed a bare timer process in
+# the same seconds (tests/bench/test_accuracy.py), but a busy moment can still fail it.
 # It runs last, on an idle machine, and fails `make test` only when three whole runs of it
 # in a row fail: a real regression fails every run.
 TIMING_ATTEMPTS ?= 3

