@@ -253,10 +253,13 @@ def test_fail_on_slo_exits_3_when_the_headline_misses(
     fake_server: ServerFactory, tmp_path: Path
 ) -> None:
     server = fake_server(Config(ttft=Delay(value=0.03)))
+    # The exit for errors is out of the way: on a busy machine a request can still be
+    # waiting for its connection when its 10 ms TTFT deadline passes, and one never sent of
+    # ten is 10 % of errors (exit 4). This test is about the SLO's exit.
     argv = [
         "--endpoint", server.url, "--rate", "20", "--requests", "10", "--output-tokens", "2",
         "--output-dir", str(tmp_path), "--no-html", "--no-progress", "--fail-on-slo",
-        "--lag-limit-ms", "100",
+        "--lag-limit-ms", "100", "--max-error-fraction", "1",
     ]  # fmt: skip
     assert main([*argv, "--slo-ttft-ms", "10"]) == EXIT_SLO
     assert main([*argv, "--slo-ttft-ms", "500"]) == EXIT_OK
