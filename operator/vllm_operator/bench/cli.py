@@ -41,8 +41,10 @@ the benchmark's phase Failed carries).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -142,6 +144,23 @@ def _fraction(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     if not 0 <= value <= 1:
         raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
+    return value
+
+
+def _milliseconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of ms >= 0, got {text}")
+    return value
+
+
+def _loss(text: str) -> float:
+    value = _fraction(text)
+    if value >= 1:
+        raise argparse.ArgumentTypeError(f"must be below 1 (1 loses everything), got {text}")
     return value
 
 
@@ -301,6 +320,36 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     client.add_argument("--no-progress", action="store_true", help="no progress bar")
     client.add_argument("--fail-on-slo", action="store_true", help="exit 3 when the SLO is missed")
     client.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
+    net = parser.add_argument_group(
+        "network faults",
+        "requests pass through a loopback relay in this process that delays both directions "
+        "(bench/netfault.py): no privileges needed; a TTFT grows by two delays",
+    )
+    net.add_argument(
+        "--net-delay-ms", type=_milliseconds, default=0.0, help="delay each way (default 0)"
+    )
+    net.add_argument(
+        "--net-jitter-ms",
+        type=_milliseconds,
+        default=0.0,
+        help="uniform jitter of ± this each way, never reordering the stream (default 0)",
+    )
+    net.add_argument(
+        "--net-loss",
+        type=_loss,
+        default=0.0,
+        metavar="FRACTION",
+        help="share of reads held back one retransmission, as TCP delivers a lost segment "
+        "(default 0)",
+    )
+    net.add_argument(
+        "--net-retransmit-ms",
+        type=_milliseconds,
+        default=200.0,
+        help="what a lost read costs (default 200: Linux's minimum retransmission timeout)",
+    )
+    net.add_argument("--net-seed", type=int, default=0, help="seed of jitter and loss")
     parser.set_defaults(func=_cmd_bench)
     return parser
 
@@ -553,13 +602,14 @@ def _fail(args: argparse.Namespace, message: str, code: int) -> int:
 def _run(args: argparse.Namespace, console: Console) -> int:
     from vllm_operator.bench import timing
     from vllm_operator.bench.client import DEFAULT_MAX_CONNECTIONS, raise_open_file_limit
+    from vllm_operator.bench.netfault import FaultProxy, Impairment
     from vllm_operator.bench.report import (
         ConsoleReporter,
         print_summary,
         result_json,
         write_outputs,
     )
-    from vllm_operator.bench.result import error_failure, passed, to_status
+    from vllm_operator.bench.result import BenchmarkResult, error_failure, passed, to_status
     from vllm_operator.bench.run import (
         BenchmarkError,
         RunInputs,
@@ -623,12 +673,36 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         ignore_eos=not args.allow_eos,
         headers=headers,
     )
+    impairment = Impairment(
+        delay_s=args.net_delay_ms / 1e3,
+        jitter_s=args.net_jitter_ms / 1e3,
+        loss=args.net_loss,
+        retransmit_s=args.net_retransmit_ms / 1e3,
+        seed=args.net_seed,
+    )
+    inputs = RunInputs(dataset=dataset, trace=trace)
     reporter = ConsoleReporter(console, progress=not args.no_progress)
+
+    async def go() -> BenchmarkResult:
+        if not impairment.active:
+            return await run_benchmark(spec, options, inputs, reporter)
+        async with FaultProxy(options.endpoint, impairment) as proxy:
+            console.print(f"Network faults: {impairment.describe()}, through {proxy.url}")
+            result = await run_benchmark(
+                spec, dataclasses.replace(options, endpoint=proxy.url), inputs, reporter
+            )
+        # The report names the server, and says what stood between it and the client.
+        client = {**(result.client or {}), "network_faults": impairment.describe()}
+        return dataclasses.replace(result, endpoint=options.endpoint, client=client)
+
     try:
-        result = timing.run(
-            run_benchmark(spec, options, RunInputs(dataset=dataset, trace=trace), reporter),
-            spin_s=args.spin_ms / 1e3,
-        )
+        if impairment.active and not options.endpoint.startswith("http://"):
+            raise ValueError("--net-* faults need an http:// --endpoint")
+    except ValueError as exc:
+        reporter.close()
+        return _fail(args, str(exc), EXIT_USAGE)
+    try:
+        result = timing.run(go(), spin_s=args.spin_ms / 1e3)
     except BenchmarkError as exc:
         return _fail(args, str(exc), EXIT_FAILED)
     finally:
