@@ -153,6 +153,27 @@ async def test_a_finished_job_gives_the_results_and_releases_the_lock() -> None:
     assert "ConfigMap load-results" in _message(api)
 
 
+async def test_the_chaos_phase_of_the_report_reaches_the_status() -> None:
+    api = RecordingCluster()
+    api.put(BENCH)
+    api.put(_target(ready=True))
+    await _run(api)
+    headline = {"requests": 60, "succeeded": 60, "failed": 0}
+    chaos = {
+        "perturbation": "network delay 30 ms each way",
+        "ratePerSecond": 16.0,
+        "baseline": headline,
+        "perturbed": {**headline, "succeeded": 20, "failed": 40},
+        "verdict": "TTFT P99 12 -> 75 ms (+525%), SLO attainment 100.0% -> 33.3%, errors 0 -> 0: "
+        "the SLO did not hold",
+    }
+    _job_done(api, "Complete", {"levels": [headline], "headline": headline, "chaos": [chaos]})
+    assert await _run(api) == "Succeeded"
+    (kept,) = api.objects[KEY]["status"]["chaos"]
+    assert kept["verdict"] == chaos["verdict"] and kept["ratePerSecond"] == 16.0
+    assert kept["perturbed"]["succeeded"] == 20 and kept["baseline"]["succeeded"] == 60
+
+
 async def test_results_that_did_not_reach_the_config_map_are_not_claimed() -> None:
     api = RecordingCluster()
     api.put(BENCH)

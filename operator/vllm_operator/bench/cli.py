@@ -476,16 +476,40 @@ def read_spec(path: Path) -> dict[str, Any]:
 
 def compact_status(status: dict[str, Any], limit: int = TERMINATION_MESSAGE_LIMIT) -> str:
     """The status as JSON within ``limit`` bytes, dropping detail until it fits: first the
-    per-bucket breakdowns, then the levels, then all but the
-    headline's key numbers."""
+    per-bucket breakdowns (the chaos runs never keep theirs), then the levels, then all but
+    the key numbers of the headline and of the chaos runs."""
     levels = status.get("levels", [])
+
+    def unbucketed(level: Any) -> Any:
+        return (
+            {k: v for k, v in level.items() if k != "buckets"} if isinstance(level, dict) else level
+        )
+
+    chaos = status.get("chaos") or []
+    if chaos:
+        status = {
+            **status,
+            "chaos": [
+                {
+                    **c,
+                    "baseline": unbucketed(c.get("baseline")),
+                    "perturbed": unbucketed(c.get("perturbed")),
+                }
+                for c in chaos
+            ],
+        }
+    slim_chaos = [
+        {**c, "baseline": _slim(c.get("baseline")), "perturbed": _slim(c.get("perturbed"))}
+        for c in chaos
+    ]
     candidates = [
         status,
-        {**status, "levels": [{k: v for k, v in lv.items() if k != "buckets"} for lv in levels]},
+        {**status, "levels": [unbucketed(lv) for lv in levels]},
         {**{k: v for k, v in status.items() if k != "levels"}},
         {
             **{k: v for k, v in status.items() if k not in ("levels", "headline")},
             "headline": _slim(status.get("headline")),
+            **({"chaos": slim_chaos} if chaos else {}),
         },
     ]
     for candidate in candidates:

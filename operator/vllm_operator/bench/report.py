@@ -200,6 +200,10 @@ def print_summary(result: BenchmarkResult, console: Console) -> None:
     for lv in result.levels:
         if lv.stats.client_saturated:
             console.print(f"[bold red]{_load_label(lv.stats)}: {lv.stats.verdict}[/]")
+    for c in result.chaos:
+        console.print(f"Chaos at {c.rate_per_second:.4g} req/s, {c.perturbation}: {c.verdict}")
+    if result.chaos_note:
+        console.print(f"[bold yellow]{result.chaos_note}[/]")
 
 
 # --- JSON --------------------------------------------------------------------------------
@@ -234,6 +238,25 @@ def result_json(result: BenchmarkResult, *, requests: bool = True) -> dict[str, 
             }
             for lv in result.levels
         ],
+        # The chaos phase: its levels' summaries (their requests are not kept: the
+        # ConfigMap's room goes to the levels).
+        "chaos": [
+            {
+                "perturbation": c.perturbation,
+                "rate_per_second": c.rate_per_second,
+                "verdict": c.verdict,
+                "baseline": {
+                    "passed": c.baseline.passed,
+                    "stats": dataclasses.asdict(c.baseline.stats),
+                },
+                "perturbed": {
+                    "passed": c.perturbed.passed,
+                    "stats": dataclasses.asdict(c.perturbed.stats),
+                },
+            }
+            for c in result.chaos
+        ],
+        "chaos_note": result.chaos_note,
     }
 
 
@@ -602,6 +625,7 @@ def render_html(data: dict[str, Any]) -> str:
     if focus is not None:
         plots += [buckets_svg(focus), timeline_svg(focus)]
     spec = html.escape(json.dumps(data["spec"], indent=2))
+    chaos = _chaos_html(data)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <title>vllm-operator bench: {html.escape(data["model"])}</title>
@@ -619,6 +643,44 @@ pre {{ background: #f5f5f5; padding: 1em; }}
 the client's schedule lag is how late it sent. Tokens come from the server's usage.</p>
 <table><tr>{head}</tr>{"".join(rows)}</table>
 {"".join(f"<figure>{p}</figure>" for p in plots)}
+{chaos}
 <details><summary>Spec</summary><pre>{spec}</pre></details>
 </body></html>
 """
+
+
+def _chaos_html(data: dict[str, Any]) -> str:
+    """The chaos phase: per perturbation, the plain and the perturbed run side by side."""
+    entries = data.get("chaos") or []
+    note = data.get("chaos_note")
+    if not entries and not note:
+        return ""
+    cols = [("ttft", "p50"), ("ttft", "p99"), ("ttft", "p999"), ("e2e", "p50"), ("e2e", "p99"),
+            ("e2e", "p999")]  # fmt: skip
+    rows = []
+    for c in entries:
+        for label, run in (("plain", c["baseline"]), ("perturbed", c["perturbed"])):
+            st = run["stats"]
+            cells = [
+                c["perturbation"] if label == "plain" else "",
+                f"{c['rate_per_second']:.4g}" if label == "plain" else "",
+                label,
+                *(_cell(_get(st, "from_scheduled", m, q)) for m, q in cols),
+                "-" if st["slo_attainment"] is None else f"{st['slo_attainment']:.1%}",
+                st["errored"],
+            ]
+            rows.append(
+                "<tr>" + "".join(f"<td>{html.escape(str(x))}</td>" for x in cells) + "</tr>"
+            )
+        rows.append(f'<tr><td colspan="12">{html.escape(c["verdict"])}</td></tr>')
+    head = "".join(
+        f"<th>{h}</th>"
+        for h in ("perturbation", "req/s", "run", "TTFT p50", "TTFT p99", "TTFT p99.9",
+                  "E2E p50", "E2E p99", "E2E p99.9", "SLO attainment", "errors")
+    )  # fmt: skip
+    body = f"<table><tr>{head}</tr>{''.join(rows)}</table>" if rows else ""
+    extra = f"<p>{html.escape(note)}</p>" if note else ""
+    return (
+        "<h2>Chaos</h2><p>Each perturbation against the plain run at the same load, just "
+        f"before it (milliseconds, from the scheduled send).</p>{body}{extra}"
+    )

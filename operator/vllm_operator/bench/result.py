@@ -3,7 +3,10 @@
 A run is one or more load levels (one for ``Single``, the listed rates or concurrencies for
 ``Sweep``, the probes of ``Search``). Each level keeps its raw recording and its summary.
 The run adds what only shows across levels: the knee and, for a search, the highest rate
-that met the SLO.
+that met the SLO. A chaos phase (``spec.chaos``) adds, per perturbation, a plain level and
+a perturbed one at the same load, and a verdict comparing them; those levels are not among
+``levels`` (they decide neither the headline, the knee nor the error failure: what breaks
+under a perturbation is the finding, not a fault of the run).
 
 :func:`to_status` turns a result into the API's
 :class:`~vllm_operator.models.inference_benchmark.InferenceBenchmarkStatus` (latencies in
@@ -23,6 +26,7 @@ from vllm_operator.bench.search import knee
 from vllm_operator.bench.stats import LatencySummary, LevelStats, Summary
 from vllm_operator.models.inference_benchmark import (
     BucketResult,
+    ChaosResult,
     InferenceBenchmarkSpec,
     InferenceBenchmarkStatus,
     LatencySet,
@@ -43,6 +47,45 @@ class LevelOutcome:
 
 
 @dataclass(frozen=True)
+class ChaosOutcome:
+    """One perturbation of the chaos phase and the plain run at the same load before it."""
+
+    perturbation: str
+    rate_per_second: float
+    baseline: LevelOutcome
+    perturbed: LevelOutcome
+    verdict: str
+
+
+def chaos_verdict(baseline: LevelStats, perturbed: LevelStats, *, has_slo: bool) -> str:
+    """What the perturbation did, in one sentence: P99s (TTFT and E2E, from the scheduled
+    send), SLO attainment (the share of requests that succeeded, without an SLO) and
+    errors, each plain -> perturbed; the SLO held when attainment fell by at most one
+    point."""
+    parts = []
+    for name in ("ttft", "e2e"):
+        a = getattr(baseline.from_scheduled, name)
+        b = getattr(perturbed.from_scheduled, name)
+        if a is not None and b is not None:
+            change = f" ({(b.p99 / a.p99 - 1):+.0%})" if a.p99 > 0 else ""
+            parts.append(f"{name.upper()} P99 {a.p99 * 1e3:.4g} -> {b.p99 * 1e3:.4g} ms{change}")
+    a_att, b_att = baseline.slo_attainment, perturbed.slo_attainment
+    if a_att is not None and b_att is not None:
+        label = "SLO attainment" if has_slo else "succeeded"
+        parts.append(f"{label} {a_att:.1%} -> {b_att:.1%}")
+    parts.append(f"errors {baseline.errored} -> {perturbed.errored}")
+    if perturbed.client_saturated:
+        parts.append("the client could not keep up under the perturbation")
+    if not has_slo or a_att is None or b_att is None:
+        tail = "no SLO to hold"
+    elif b_att >= a_att - 0.01:
+        tail = "the SLO held"
+    else:
+        tail = "the SLO did not hold"
+    return ", ".join(parts) + f": {tail}"
+
+
+@dataclass(frozen=True)
 class BenchmarkResult:
     spec: InferenceBenchmarkSpec
     endpoint: str
@@ -56,6 +99,9 @@ class BenchmarkResult:
     best_rate_per_second: float | None = None
     # Facts about the client machine and versions, for reports.
     client: dict[str, Any] | None = None
+    # The chaos phase: one entry per perturbation; or why it did not run.
+    chaos: tuple[ChaosOutcome, ...] = ()
+    chaos_note: str | None = None
 
     @property
     def headline(self) -> LevelOutcome | None:
@@ -234,4 +280,15 @@ def to_status(
             None if result.knee_rate_per_second is None else round(result.knee_rate_per_second, 4)
         ),
         results_config_map=results_config_map,
+        chaos=[
+            ChaosResult(
+                perturbation=c.perturbation,
+                rate_per_second=c.rate_per_second,
+                baseline=level_result(c.baseline.stats),
+                perturbed=level_result(c.perturbed.stats),
+                verdict=c.verdict,
+            )
+            for c in result.chaos
+        ],
+        chaos_note=result.chaos_note,
     )

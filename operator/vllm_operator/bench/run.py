@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import dataclasses
 import logging
 import platform
 import random
@@ -38,11 +39,15 @@ from vllm_operator.bench.client import (
     Target,
     server_root,
 )
+from vllm_operator.bench.netfault import FaultProxy, Impairment
 from vllm_operator.bench.records import Load, RequestRecord
 from vllm_operator.bench.result import (
     DEFAULT_TARGET_ATTAINMENT,
     BenchmarkResult,
+    ChaosOutcome,
     LevelOutcome,
+    chaos_verdict,
+    knee_of,
     passed,
 )
 from vllm_operator.bench.search import RateSearch
@@ -57,7 +62,7 @@ from vllm_operator.bench.workload import (
     bucket_edges,
     plan_requests,
 )
-from vllm_operator.models.inference_benchmark import InferenceBenchmarkSpec
+from vllm_operator.models.inference_benchmark import ChaosSpec, InferenceBenchmarkSpec
 
 logger = logging.getLogger(__name__)
 
@@ -328,6 +333,11 @@ async def run_benchmark(
                 )
 
         async def level(load: Load) -> LevelOutcome:
+            outcome = await measure(client, load, str(len(outcomes)))
+            outcomes.append(outcome)
+            return outcome
+
+        async def measure(via: LoadClient, load: Load, label: str) -> LevelOutcome:
             schedule = schedule_for(spec, load, inputs)
             if isinstance(schedule, arrivals.OpenLoop):
                 total: int | None = len(schedule.offsets)
@@ -340,14 +350,14 @@ async def run_benchmark(
                 reporter.level_started(load, total)
             ticker = _start_ticker(reporter, schedule)
             try:
-                recording = await client.run_level(
+                recording = await via.run_level(
                     load,
                     schedule,
                     plans,
                     deadlines,
                     drain_timeout_s=options.drain_timeout_s,
                     on_done=reporter.request_done if reporter is not None else None,
-                    label=str(len(outcomes)),
+                    label=label,
                 )
             finally:
                 if ticker is not None:
@@ -355,9 +365,7 @@ async def run_benchmark(
             stats = summarize(recording, slo=slo, buckets=edges, lag_limit_s=options.lag_limit_s)
             if reporter is not None:
                 reporter.level_finished(stats)
-            outcome = LevelOutcome(recording, stats, passed(stats, attainment))
-            outcomes.append(outcome)
-            return outcome
+            return LevelOutcome(recording, stats, passed(stats, attainment))
 
         if spec.mode == "Search":
             assert spec.search is not None
@@ -372,6 +380,41 @@ async def run_benchmark(
         else:
             for load in fixed_loads(spec):
                 await level(load)
+
+        chaos: list[ChaosOutcome] = []
+        chaos_note = None
+        if spec.chaos is not None:
+            rate, chaos_note = chaos_rate(spec, outcomes, search.best if search else None)
+            if rate is not None:
+                process = (
+                    "Poisson" if spec.arrival.process == "ClosedLoop" else spec.arrival.process
+                )
+                load = Load(rate_per_second=rate, process=process)
+                for n, (what, impairment) in enumerate(perturbations(spec.chaos, spec.seed)):
+                    baseline = await measure(client, load, f"chaos{n}-base")
+                    async with (
+                        FaultProxy(endpoint, impairment) as proxy,
+                        LoadClient(
+                            dataclasses.replace(target, endpoint=proxy.url),
+                            max_in_flight=options.max_in_flight,
+                            max_connections=options.max_connections,
+                            run_id=options.run_id,
+                        ) as faulty,
+                    ):
+                        perturbed = await measure(faulty, load, f"chaos{n}-{what.split()[0]}")
+                    chaos.append(
+                        ChaosOutcome(
+                            what,
+                            rate,
+                            baseline,
+                            perturbed,
+                            chaos_verdict(
+                                baseline.stats,
+                                perturbed.stats,
+                                has_slo=any((slo.ttft_s, slo.tpot_s, slo.e2e_s)),
+                            ),
+                        )
+                    )
 
     if prompts.mismatched:
         logger.warning(
@@ -389,7 +432,53 @@ async def run_benchmark(
         tokenizer=tokenizer_kind,
         best_rate_per_second=search.best if search is not None else None,
         client=_client_facts(options),
+        chaos=tuple(chaos),
+        chaos_note=chaos_note,
     )
+
+
+DEFAULT_KNEE_FRACTION = 0.8
+
+
+def chaos_rate(
+    spec: InferenceBenchmarkSpec, outcomes: Sequence[LevelOutcome], best: float | None
+) -> tuple[float | None, str | None]:
+    """The load of the chaos phase, or None and why there is none: ``chaos.ratePerSecond``,
+    else ``chaos.kneeFraction`` (default 0.8) of the knee the levels found, else of the
+    search's best rate, else of the highest rate that met the SLO."""
+    assert spec.chaos is not None
+    if spec.chaos.rate_per_second is not None:
+        return spec.chaos.rate_per_second, None
+    fraction = spec.chaos.knee_fraction or DEFAULT_KNEE_FRACTION
+    stats = tuple(o.stats for o in outcomes)
+    found = knee_of(stats)
+    if found is not None and found[1] == "req/s":
+        return round(found[0] * fraction, 6), None
+    if best is not None:
+        return round(best * fraction, 6), None
+    rates = [o.stats.rate_per_second for o in outcomes if o.passed and o.stats.rate_per_second]
+    if rates:
+        return round(max(rates) * fraction, 6), None
+    return None, (
+        "the chaos phase did not run: no knee was found and no rate level met the SLO, so "
+        "there is no load to take a fraction of; set spec.chaos.ratePerSecond"
+    )
+
+
+def perturbations(chaos: ChaosSpec, seed: int) -> list[tuple[str, Impairment]]:
+    """Each perturbation of the phase, in words and as the relay's impairment."""
+    out = []
+    if chaos.network is not None:
+        net = chaos.network
+        impairment = Impairment(
+            delay_s=net.delay_milliseconds / 1e3,
+            jitter_s=net.jitter_milliseconds / 1e3,
+            loss=net.loss,
+            retransmit_s=net.retransmit_milliseconds / 1e3,
+            seed=seed,
+        )
+        out.append((f"network {impairment.describe()}", impairment))
+    return out
 
 
 def _start_ticker(

@@ -203,6 +203,89 @@ class EndpointSpec(ApiModel):
     stream: bool = Field(default=True, description="Stream responses (needed for TTFT, ITL).")
 
 
+class NetworkFaultSpec(ApiModel):
+    """Faults on the network between the load generator and the target, each way.
+
+    Made without privileges: the load generator sends through a relay in its own process
+    that holds every read back (vllm_operator/bench/netfault.py). The stream stays in order,
+    as TCP keeps it: a lost read arrives one retransmission later and holds back what follows.
+    """
+
+    delay_milliseconds: float = Field(
+        default=0, ge=0, le=60_000, description="Added latency each way (a TTFT grows by two)."
+    )
+    jitter_milliseconds: float = Field(
+        default=0, ge=0, le=60_000, description="Uniform jitter of plus or minus this, each way."
+    )
+    loss: float = Field(
+        default=0, ge=0, lt=1, description="Share of reads that are lost and sent again."
+    )
+    retransmit_milliseconds: float = Field(
+        default=200,
+        ge=0,
+        le=60_000,
+        description="What a lost read costs (default 200: Linux's minimum retransmission timeout).",
+    )
+
+    model_config = cel_rules(
+        {
+            "rule": "self.delayMilliseconds > 0.0 || self.jitterMilliseconds > 0.0 || "
+            "self.loss > 0.0",
+            "message": "set delayMilliseconds, jitterMilliseconds or loss",
+            "reason": "FieldValueRequired",
+        }
+    )
+
+    @model_validator(mode="after")
+    def _some(self) -> Self:
+        if not (self.delay_milliseconds or self.jitter_milliseconds or self.loss):
+            raise ValueError("set delayMilliseconds, jitterMilliseconds or loss")
+        return self
+
+
+class ChaosSpec(ApiModel):
+    """A phase after the levels: the same load run plain, then under each perturbation."""
+
+    rate_per_second: float | None = Field(
+        default=None,
+        gt=0,
+        le=100_000,
+        description="The load of the phase. Default: kneeFraction of the knee the levels found "
+        "(else of the search's best rate, else of the highest rate that met the SLO).",
+    )
+    knee_fraction: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="The share of the knee to run at, when ratePerSecond is not set (default 0.8).",
+    )
+    network: NetworkFaultSpec | None = Field(
+        default=None, description="Latency, jitter and loss between the client and the target."
+    )
+
+    model_config = cel_rules(
+        {
+            "rule": "!(has(self.ratePerSecond) && has(self.kneeFraction))",
+            "message": "set ratePerSecond or kneeFraction, not both",
+            "fieldPath": ".kneeFraction",
+        },
+        {
+            "rule": "has(self.network)",
+            "message": "chaos needs a perturbation: network",
+            "fieldPath": ".network",
+            "reason": "FieldValueRequired",
+        },
+    )
+
+    @model_validator(mode="after")
+    def _valid(self) -> Self:
+        if self.rate_per_second is not None and self.knee_fraction is not None:
+            raise ValueError("chaos: set ratePerSecond or kneeFraction, not both")
+        if self.network is None:
+            raise ValueError("chaos needs a perturbation: network")
+        return self
+
+
 class InferenceBenchmarkSpec(ApiModel):
     """Desired benchmark run."""
 
@@ -232,6 +315,11 @@ class InferenceBenchmarkSpec(ApiModel):
     search: SearchSpec | None = Field(default=None, description="Search bounds, for Search.")
     endpoint: EndpointSpec = Field(default_factory=EndpointSpec, description="API and streaming.")
     seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed for reproducible runs.")
+    chaos: ChaosSpec | None = Field(
+        default=None,
+        description="After the levels, run one load plain and then under each perturbation, "
+        "and compare (status.chaos). Off by default.",
+    )
     max_error_fraction: float = Field(
         default=DEFAULT_MAX_ERROR_FRACTION,
         ge=0,
@@ -372,6 +460,16 @@ class LevelResult(ApiModel):
     )
 
 
+class ChaosResult(ApiModel):
+    """One perturbation of the chaos phase against the plain run at the same load."""
+
+    perturbation: str = Field(description="What was done, in words.")
+    rate_per_second: float = Field(description="The load of both runs.")
+    baseline: LevelResult = Field(description="The same load, unperturbed, in the same run.")
+    perturbed: LevelResult = Field(description="The load under the perturbation.")
+    verdict: str = Field(description="What changed: P99s, SLO attainment, errors.")
+
+
 class InferenceBenchmarkStatus(ApiModel):
     """What the benchmark measured."""
 
@@ -389,6 +487,12 @@ class InferenceBenchmarkStatus(ApiModel):
     )
     results_config_map: str | None = Field(
         default=None, description="ConfigMap holding the full per-request data."
+    )
+    chaos: list[ChaosResult] = Field(
+        default_factory=list, description="The chaos phase, one entry per perturbation."
+    )
+    chaos_note: str | None = Field(
+        default=None, description="Why the chaos phase asked for did not run."
     )
 
 

@@ -289,6 +289,8 @@ async def reconcile_inference_benchmark(
                 levels=measured.levels,
                 headline=measured.headline,
                 knee_rate_per_second=measured.knee_rate_per_second,
+                chaos=measured.chaos,
+                chaos_note=measured.chaos_note,
                 results_config_map=results if written else None,
             ),
         )
@@ -311,6 +313,8 @@ async def reconcile_inference_benchmark(
                 levels=measured.levels,
                 headline=measured.headline,
                 knee_rate_per_second=measured.knee_rate_per_second,
+                chaos=measured.chaos,
+                chaos_note=measured.chaos_note,
                 results_config_map=results if written else None,
             ),
         )
@@ -336,7 +340,11 @@ def _measured(report: dict[str, Any]) -> InferenceBenchmarkStatus:
     one measured nothing."""
     try:
         return InferenceBenchmarkStatus.model_validate(
-            {k: v for k, v in report.items() if k in ("levels", "headline", "kneeRatePerSecond")}
+            {
+                k: v
+                for k, v in report.items()
+                if k in ("levels", "headline", "kneeRatePerSecond", "chaos", "chaosNote")
+            }
         )
     except ValidationError:
         return InferenceBenchmarkStatus()

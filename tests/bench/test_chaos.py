@@ -1,0 +1,215 @@
+"""The benchmark's chaos phase (spec.chaos, issue 22): the same load plain and then under a
+perturbation, compared; its spec's errors; its place in results, report and status."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from tests.bench.conftest import ServerFactory
+from tests.bench.fake_server import Config, Delay
+from tests.bench.test_result import outcome
+from vllm_operator.bench.cli import EXIT_OK, compact_status, main
+from vllm_operator.bench.records import Load
+from vllm_operator.bench.result import chaos_verdict
+from vllm_operator.bench.run import chaos_rate
+from vllm_operator.bench.stats import Slo
+from vllm_operator.models.inference_benchmark import (
+    ChaosSpec,
+    InferenceBenchmarkSpec,
+    InferenceBenchmarkStatus,
+)
+
+
+def _spec(**extra: Any) -> dict[str, Any]:
+    return {
+        "targetRef": {"name": "svc"},
+        "workload": {
+            "promptTokens": {"type": "Fixed", "value": 8},
+            "outputTokens": {"type": "Fixed", "value": 3},
+        },
+        "arrival": {"process": "Constant", "ratePerSecond": 20},
+        "requests": 30,
+        **extra,
+    }
+
+
+# --- the spec ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("chaos", "words"),
+    [
+        ({}, "chaos needs a perturbation: network"),
+        ({"network": {}}, "set delayMilliseconds, jitterMilliseconds or loss"),
+        ({"network": {"loss": 1}}, "less than 1"),
+        ({"network": {"delayMilliseconds": -1}}, "greater than or equal to 0"),
+        (
+            {"ratePerSecond": 5, "kneeFraction": 0.5, "network": {"delayMilliseconds": 5}},
+            "set ratePerSecond or kneeFraction, not both",
+        ),
+    ],
+)
+def test_a_chaos_spec_without_sense_is_refused_naming_the_field(
+    chaos: dict[str, Any], words: str
+) -> None:
+    with pytest.raises(ValidationError, match=words):
+        InferenceBenchmarkSpec.model_validate(_spec(chaos=chaos))
+
+
+# --- the load of the phase -----------------------------------------------------------------
+
+
+def test_the_load_is_the_given_rate_or_a_fraction_of_what_the_levels_found() -> None:
+    slo = Slo(ttft_s=0.5)
+    given = InferenceBenchmarkSpec.model_validate(
+        _spec(chaos={"ratePerSecond": 7, "network": {"delayMilliseconds": 5}})
+    )
+    assert chaos_rate(given, [], None) == (7, None)
+    spec = InferenceBenchmarkSpec.model_validate(_spec(chaos={"network": {"loss": 0.1}}))
+    # Five levels whose P99 climbs past 3 req/s: the knee is 3, the load 0.8 of it.
+    sweep = [
+        outcome(Load(r), t, slo=slo)
+        for r, t in ((1.0, 0.10), (2.0, 0.11), (3.0, 0.12), (4.0, 0.40), (5.0, 0.90))
+    ]
+    assert chaos_rate(spec, sweep, None) == (2.4, None)
+    half = InferenceBenchmarkSpec.model_validate(
+        _spec(chaos={"kneeFraction": 0.5, "network": {"loss": 0.1}})
+    )
+    assert chaos_rate(half, sweep, None) == (1.5, None)
+    # No knee (two levels): the search's best rate, else the highest rate that passed.
+    two = sweep[:2]
+    assert chaos_rate(spec, two, 30.0) == (24.0, None)
+    assert chaos_rate(spec, two, None) == (1.6, None)
+    # Nothing passed: no load to take a fraction of, and the note says what to set.
+    rate, note = chaos_rate(spec, [outcome(Load(5.0), 0.9, slo=slo)], None)
+    assert rate is None and note is not None and "spec.chaos.ratePerSecond" in note
+
+
+# --- a run -------------------------------------------------------------------------------
+
+
+def test_a_chaos_phase_runs_the_load_plain_then_delayed_and_compares(
+    fake_server: ServerFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server = fake_server(Config(ttft=Delay(value=0.01), itl=Delay(value=0.005)))
+    manifest = {
+        "apiVersion": "inference.vllm-operator.dev/v1alpha1",
+        "kind": "InferenceBenchmark",
+        "metadata": {"name": "b", "namespace": "default"},
+        "spec": _spec(
+            slo={"ttftP99Milliseconds": 300},
+            chaos={"ratePerSecond": 20, "network": {"delayMilliseconds": 30}},
+        ),
+    }
+    path = tmp_path / "b.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    out = tmp_path / "out"
+    argv = ["--spec-file", str(path), "--endpoint", server.url, "--model", "fake-model"]
+    code = main([*argv, "--output-dir", str(out), "--no-progress"])
+    assert code == EXIT_OK, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    results = json.loads((out / "results.json").read_text())
+    assert len(results["levels"]) == 1  # the chaos runs are not levels
+    (chaos,) = results["chaos"]
+    assert chaos["perturbation"] == "network delay 30 ms each way"
+    assert chaos["rate_per_second"] == 20
+    base = chaos["baseline"]["stats"]
+    hurt = chaos["perturbed"]["stats"]
+    assert base["completed"] == hurt["completed"] == 30
+    # Two delays of 30 ms on every request, well inside the 300 ms TTFT objective.
+    grown = hurt["from_send"]["ttft"]["p50"] - base["from_send"]["ttft"]["p50"]
+    assert 0.055 < grown < 0.075
+    assert base["slo_attainment"] == hurt["slo_attainment"] == 1.0
+    assert chaos["verdict"].startswith("TTFT P99 ")
+    assert chaos["verdict"].endswith(": the SLO held")
+    assert "SLO attainment" in chaos["verdict"] and "errors 0 -> 0" in chaos["verdict"]
+    assert f"Chaos at 20 req/s, network delay 30 ms each way: {chaos['verdict']}" in printed
+    # The HTML report shows both runs; the status carries the comparison.
+    page = (out / "report.html").read_text()
+    assert "<h2>Chaos</h2>" in page and "perturbed" in page
+    status = json.loads((out / "status.json").read_text())
+    assert status["chaos"][0]["perturbed"]["sloAttainment"] == 1.0
+    assert status["chaos"][0]["verdict"] == chaos["verdict"]
+    InferenceBenchmarkStatus.model_validate(status)
+
+
+def test_the_verdict_says_whether_the_slo_held() -> None:
+    slo = Slo(ttft_s=0.5)
+    plain = outcome(Load(2.0), 0.10, slo=slo).stats
+    slow = outcome(Load(2.0), 0.90, slo=slo).stats
+    verdict = chaos_verdict(plain, slow, has_slo=True)
+    assert verdict.startswith("TTFT P99 100 -> 900 ms (+800%), E2E P99 ")
+    assert "SLO attainment 100.0% -> 0.0%" in verdict
+    assert verdict.endswith(": the SLO did not hold")
+    assert chaos_verdict(plain, plain, has_slo=True).endswith(": the SLO held")
+    assert chaos_verdict(plain, slow, has_slo=False).endswith(": no SLO to hold")
+
+
+def test_chaos_that_finds_no_load_says_why_and_runs_nothing(
+    fake_server: ServerFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A 50 ms TTFT against a 10 ms objective: the single level fails; no load to run at.
+    server = fake_server(Config(ttft=Delay(value=0.05)))
+    manifest = {
+        "apiVersion": "inference.vllm-operator.dev/v1alpha1",
+        "kind": "InferenceBenchmark",
+        "metadata": {"name": "b", "namespace": "default"},
+        "spec": _spec(
+            requests=5, slo={"ttftP99Milliseconds": 10}, chaos={"network": {"loss": 0.2}}
+        ),
+    }
+    path = tmp_path / "b.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    out = tmp_path / "out"
+    argv = ["--spec-file", str(path), "--endpoint", server.url, "--model", "fake-model"]
+    assert main([*argv, "--output-dir", str(out), "--no-progress", "--no-html"]) == EXIT_OK
+    results = json.loads((out / "results.json").read_text())
+    assert results["chaos"] == []
+    assert "spec.chaos.ratePerSecond" in results["chaos_note"]
+    assert "the chaos phase did not run" in capsys.readouterr().out
+    status = json.loads((out / "status.json").read_text())
+    assert status["chaosNote"] == results["chaos_note"]
+
+
+def test_the_termination_message_keeps_the_chaos_verdict_when_space_runs_out() -> None:
+    level = {"ratePerSecond": 20, "requests": 30, "sloAttainment": 1.0, "buckets": [{"x": 1}]}
+    big = {"fromSend": {"ttft": {"p50": 1.0}}, "note": "x" * 3000}
+    status = {
+        "levels": [{**level, **big}] * 3,
+        "headline": {**level, **big},
+        "chaos": [
+            {
+                "perturbation": "network delay 30 ms each way",
+                "ratePerSecond": 20,
+                "baseline": {**level, **big},
+                "perturbed": {**level, **big},
+                "verdict": "TTFT P99 10 -> 70 ms: the SLO did not hold",
+            }
+        ],
+    }
+    text = compact_status(status)
+    assert len(text.encode()) <= 4096
+    kept = json.loads(text)
+    assert kept["chaos"][0]["verdict"] == "TTFT P99 10 -> 70 ms: the SLO did not hold"
+    assert kept["chaos"][0]["perturbed"]["sloAttainment"] == 1.0
+    assert "buckets" not in kept["chaos"][0]["baseline"]
+
+
+def test_a_chaos_spec_round_trips_in_the_api_shape() -> None:
+    chaos = ChaosSpec.model_validate(
+        {"network": {"delayMilliseconds": 20, "jitterMilliseconds": 5, "loss": 0.01}}
+    )
+    assert chaos.to_wire() == {
+        "network": {
+            "delayMilliseconds": 20,
+            "jitterMilliseconds": 5,
+            "loss": 0.01,
+            "retransmitMilliseconds": 200,
+        }
+    }
