@@ -172,6 +172,21 @@ def test_decisions_say_why() -> None:
     assert none.decision == "NoSignal"
 
 
+def test_a_pass_without_a_reading_neither_scales_nor_restarts_the_scale_down_window() -> None:
+    s = spec(scaleDownWindowSeconds=60)
+    state = ScalerState.seeded(0, 2)
+    # One replica would do from t=10 on; the window runs out at t=70, the seed's at t=60.
+    for t in (10, 20, 30):
+        assert decide(s, 2, Signal(0.1, 1, 2), state, t).decision == "Steady"
+    missed = decide(s, 2, Signal(None, None, 0), state, 35)
+    assert (missed.desired, missed.decision) == (2, "NoSignal")
+    assert "no reading" in missed.message and "keeping 2 replicas" in missed.message
+    assert decide(s, 2, Signal(0.1, 1, 2), state, 50).decision == "Steady"
+    # 60 s after the first reading asking for one: down, the missed pass notwithstanding.
+    late = decide(s, 2, Signal(0.1, 1, 2), state, 71)
+    assert (late.desired, late.decision) == (1, "ScaleDown")
+
+
 def timed(name: str, e2e: float, queue: float, running: float = 0) -> PodReading:
     return PodReading(name, running, 0, 0.0, (), e2e_seconds=e2e, queue_seconds=queue)
 

@@ -204,8 +204,22 @@ def decide(
     *,
     held_by: str | None = None,
 ) -> Decision:
-    """The replicas to set now, and why."""
+    """The replicas to set now, and why.
+
+    A pass without a reading (no pod answered, or none had a baseline yet) keeps the
+    replicas and records nothing: it is no evidence either way. (Recorded as "the current
+    replicas are needed", one missed scrape restarted the scale-down window, and a service
+    whose benchmark had just ended waited a whole window more.) The HPA also skips a pass
+    whose metrics it cannot read. Replicas outside a changed min or max still move to it."""
     low, high = spec.min_replicas, spec.max_replicas
+    if sig.recommendation is None and low <= current <= high:
+        return Decision(
+            current,
+            "NoSignal",
+            f"{spec.metric} no reading (target {spec.target}, {sig.pods} pods read): "
+            f"keeping {current} replicas.",
+        )
+    # Without a reading only the bounds move the replicas (a changed min or max).
     raw = sig.recommendation if sig.recommendation is not None else current
     recommendation = min(max(raw, low), high)
     history = state.recommendations
@@ -250,8 +264,6 @@ def decide(
         return Decision(desired, "ScaleUp", f"{about}: {current} → {desired} replicas.")
     if desired < current:
         return Decision(desired, "ScaleDown", f"{about}: {current} → {desired} replicas.")
-    if sig.value is None:
-        return Decision(current, "NoSignal", f"{about}: keeping {current} replicas.")
     if recommendation < current:
         return Decision(
             current,
