@@ -137,21 +137,22 @@ def _ints(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text}") from exc
 
 
-def _fraction(text: str) -> float:
+def _number(text: str) -> float:
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+def _fraction(text: str) -> float:
+    value = _number(text)
     if not 0 <= value <= 1:
         raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
     return value
 
 
 def _milliseconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    value = _number(text)
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"must be a finite number of ms >= 0, got {text}")
     return value
@@ -175,10 +176,7 @@ def _at_least_one(text: str) -> int:
 
 
 def _spin(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    value = _number(text)
     if not 0 <= value <= 10:
         raise argparse.ArgumentTypeError(f"must be between 0 and 10 ms, got {text}")
     return value
@@ -673,6 +671,12 @@ def _run(args: argparse.Namespace, console: Console) -> int:
             if not sep:
                 raise ValueError(f"--header needs NAME:VALUE, got {item!r}")
             headers[name.strip()] = value.strip()
+        impairment = Impairment.from_milliseconds(
+            args.net_delay_ms, args.net_jitter_ms, args.net_loss, args.net_retransmit_ms,
+            args.net_seed,
+        )  # fmt: skip
+        if impairment.active and not args.endpoint.startswith("http://"):
+            raise ValueError("--net-* faults need an http:// --endpoint")
     except (ValueError, ValidationError, OSError) as exc:
         return _fail(args, str(exc), EXIT_USAGE)
     max_connections = args.max_connections or DEFAULT_MAX_CONNECTIONS
@@ -697,13 +701,6 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         ignore_eos=not args.allow_eos,
         headers=headers,
     )
-    impairment = Impairment(
-        delay_s=args.net_delay_ms / 1e3,
-        jitter_s=args.net_jitter_ms / 1e3,
-        loss=args.net_loss,
-        retransmit_s=args.net_retransmit_ms / 1e3,
-        seed=args.net_seed,
-    )
     inputs = RunInputs(dataset=dataset, trace=trace)
     reporter = ConsoleReporter(console, progress=not args.no_progress)
 
@@ -719,12 +716,6 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         client = {**(result.client or {}), "network_faults": impairment.describe()}
         return dataclasses.replace(result, endpoint=options.endpoint, client=client)
 
-    try:
-        if impairment.active and not options.endpoint.startswith("http://"):
-            raise ValueError("--net-* faults need an http:// --endpoint")
-    except ValueError as exc:
-        reporter.close()
-        return _fail(args, str(exc), EXIT_USAGE)
     try:
         result = timing.run(go(), spin_s=args.spin_ms / 1e3)
     except BenchmarkError as exc:

@@ -60,6 +60,13 @@ class Impairment:
         if not math.isfinite(self.loss) or not 0 <= self.loss < 1:
             raise ValueError(f"loss must be a fraction in [0, 1), not {self.loss}")
 
+    @classmethod
+    def from_milliseconds(
+        cls, delay: float, jitter: float, loss: float, retransmit: float, seed: int = 0
+    ) -> Impairment:
+        """The impairment of the spec's and the flags' units (milliseconds)."""
+        return cls(delay / 1e3, jitter / 1e3, loss, retransmit / 1e3, seed)
+
     @property
     def active(self) -> bool:
         return bool(self.delay_s or self.jitter_s or self.loss)

@@ -470,13 +470,10 @@ def perturbations(chaos: ChaosSpec, seed: int) -> list[tuple[str, Impairment]]:
     out = []
     if chaos.network is not None:
         net = chaos.network
-        impairment = Impairment(
-            delay_s=net.delay_milliseconds / 1e3,
-            jitter_s=net.jitter_milliseconds / 1e3,
-            loss=net.loss,
-            retransmit_s=net.retransmit_milliseconds / 1e3,
-            seed=seed,
-        )
+        impairment = Impairment.from_milliseconds(
+            net.delay_milliseconds, net.jitter_milliseconds, net.loss,
+            net.retransmit_milliseconds, seed,
+        )  # fmt: skip
         out.append((f"network {impairment.describe()}", impairment))
     return out
 
