@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from tests.bench.conftest import ServerFactory
 from tests.bench.fake_server import Config, Delay
 from tests.bench.test_result import outcome
-from vllm_operator.bench.cli import EXIT_OK, compact_status, main
+from vllm_operator.bench.cli import EXIT_FAILED, EXIT_OK, compact_status, main
 from vllm_operator.bench.records import Load
 from vllm_operator.bench.result import chaos_verdict
 from vllm_operator.bench.run import chaos_rate
@@ -176,6 +176,24 @@ def test_chaos_that_finds_no_load_says_why_and_runs_nothing(
     assert "the chaos phase did not run" in capsys.readouterr().out
     status = json.loads((out / "status.json").read_text())
     assert status["chaosNote"] == results["chaos_note"]
+
+
+def test_chaos_against_an_https_endpoint_fails_before_any_level(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    manifest = {
+        "apiVersion": "inference.vllm-operator.dev/v1alpha1",
+        "kind": "InferenceBenchmark",
+        "metadata": {"name": "b", "namespace": "default"},
+        "spec": _spec(chaos={"ratePerSecond": 5, "network": {"delayMilliseconds": 5}}),
+    }
+    path = tmp_path / "b.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    # Nothing listens there: the run must stop on the scheme, before it reaches the server.
+    argv = ["--spec-file", str(path), "--endpoint", "https://127.0.0.1:9", "--model", "m"]
+    assert main([*argv, "--output-dir", str(tmp_path / "out"), "--no-progress"]) == EXIT_FAILED
+    err = capsys.readouterr().err
+    assert "spec.chaos.network: network faults need an http:// endpoint" in err
 
 
 def test_the_termination_message_keeps_the_chaos_verdict_when_space_runs_out() -> None:

@@ -624,7 +624,7 @@ def _fail(args: argparse.Namespace, message: str, code: int) -> int:
 def _run(args: argparse.Namespace, console: Console) -> int:
     from vllm_operator.bench import timing
     from vllm_operator.bench.client import DEFAULT_MAX_CONNECTIONS, raise_open_file_limit
-    from vllm_operator.bench.netfault import FaultProxy, Impairment
+    from vllm_operator.bench.netfault import FaultProxy, Impairment, relayed_address
     from vllm_operator.bench.report import (
         ConsoleReporter,
         print_summary,
@@ -675,8 +675,11 @@ def _run(args: argparse.Namespace, console: Console) -> int:
             args.net_delay_ms, args.net_jitter_ms, args.net_loss, args.net_retransmit_ms,
             args.net_seed,
         )  # fmt: skip
-        if impairment.active and not args.endpoint.startswith("http://"):
-            raise ValueError("--net-* faults need an http:// --endpoint")
+        if impairment.active:
+            try:
+                relayed_address(args.endpoint)
+            except ValueError:
+                raise ValueError("--net-* faults need an http:// --endpoint") from None
     except (ValueError, ValidationError, OSError) as exc:
         return _fail(args, str(exc), EXIT_USAGE)
     max_connections = args.max_connections or DEFAULT_MAX_CONNECTIONS

@@ -187,6 +187,15 @@ class _Side(asyncio.Protocol):
         self._arm(loop)
 
 
+def relayed_address(target: str) -> tuple[str, int]:
+    """The host and port the relay connects to; ValueError unless ``target`` is http://
+    (the relay passes bytes on, so it cannot sit inside TLS)."""
+    parts = urlsplit(target)
+    if parts.scheme != "http" or not parts.hostname:
+        raise ValueError(f"network faults need an http:// endpoint, not {target!r}")
+    return parts.hostname, parts.port or 80
+
+
 class FaultProxy:
     """Relay ``target`` (an http:// URL) through a loopback port with ``impairment``.
 
@@ -196,12 +205,8 @@ class FaultProxy:
     """
 
     def __init__(self, target: str, impairment: Impairment) -> None:
-        parts = urlsplit(target)
-        if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(f"network faults need an http:// endpoint, not {target!r}")
         self.target = target
-        self.target_host = parts.hostname
-        self.target_port = parts.port or 80
+        self.target_host, self.target_port = relayed_address(target)
         self.impairment = impairment
         self.connections = 0
         self.server: asyncio.Server | None = None

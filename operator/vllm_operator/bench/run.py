@@ -39,7 +39,7 @@ from vllm_operator.bench.client import (
     Target,
     server_root,
 )
-from vllm_operator.bench.netfault import FaultProxy, Impairment
+from vllm_operator.bench.netfault import FaultProxy, Impairment, relayed_address
 from vllm_operator.bench.records import Load, RequestRecord
 from vllm_operator.bench.result import (
     DEFAULT_TARGET_ATTAINMENT,
@@ -292,6 +292,12 @@ async def run_benchmark(
     if spec.arrival.process == "Trace" and not inputs.trace:
         raise BenchmarkError("arrival process Trace needs the trace (--trace-file)")
     endpoint = server_root(options.endpoint)
+    if spec.chaos is not None and spec.chaos.network is not None:
+        # Checked before any level: the relay speaks plain HTTP only.
+        try:
+            relayed_address(endpoint)
+        except ValueError as exc:
+            raise BenchmarkError(f"spec.chaos.network: {exc}") from None
     model = options.model or await _discover_model(endpoint)
     tokenizer, tokenizer_kind = await asyncio.to_thread(
         choose_tokenizer, endpoint, model, options.tokenizer
@@ -331,6 +337,11 @@ async def run_benchmark(
                     f"preflight request to {target.url} failed: {rec.error}"
                     + (f" ({rec.error_detail})" if rec.error_detail else "")
                 )
+
+        def rated(rate: float) -> Load:
+            """A load of ``rate`` (a closed-loop spec's search and chaos run Poisson)."""
+            process = "Poisson" if spec.arrival.process == "ClosedLoop" else spec.arrival.process
+            return Load(rate_per_second=rate, process=process)
 
         async def level(load: Load) -> LevelOutcome:
             outcome = await measure(client, load, str(len(outcomes)))
@@ -373,9 +384,8 @@ async def run_benchmark(
             search = RateSearch(
                 s.min_rate_per_second, s.max_rate_per_second, max_probes=s.max_probes
             )
-            process = "Poisson" if spec.arrival.process == "ClosedLoop" else spec.arrival.process
             while (rate := search.next_rate()) is not None:
-                outcome = await level(Load(rate_per_second=rate, process=process))
+                outcome = await level(rated(rate))
                 search.record(rate, outcome.passed)
         else:
             for load in fixed_loads(spec):
@@ -386,10 +396,7 @@ async def run_benchmark(
         if spec.chaos is not None:
             rate, chaos_note = chaos_rate(spec, outcomes, search.best if search else None)
             if rate is not None:
-                process = (
-                    "Poisson" if spec.arrival.process == "ClosedLoop" else spec.arrival.process
-                )
-                load = Load(rate_per_second=rate, process=process)
+                load = rated(rate)
                 for n, (what, impairment) in enumerate(perturbations(spec.chaos, spec.seed)):
                     baseline = await measure(client, load, f"chaos{n}-base")
                     async with (
