@@ -161,9 +161,7 @@ class _Side(asyncio.Protocol):
             self.queue.clear()
             return
         if peer is None or peer.transport is None:
-            if self.queue:  # the upstream connection is still being made
-                self.timer = loop.call_later(0.001, self._pass_on)
-            return
+            return  # the upstream connection is still being made: _connect passes it on
         now = loop.time()
         while self.queue and self.queue[0][0] <= now:
             _, kind, data = self.queue.popleft()
@@ -254,3 +252,7 @@ class FaultProxy:
                 inbound.transport.close()
             return
         inbound.peer, outbound.peer = outbound, inbound
+        # What the client sent meanwhile, and one timer for the rest.
+        if inbound.timer is not None:
+            inbound.timer.cancel()
+        inbound._pass_on()
