@@ -39,6 +39,22 @@ def _spec(**extra: Any) -> dict[str, Any]:
     }
 
 
+def _spec_file(tmp_path: Path, spec: dict[str, Any]) -> Path:
+    """An InferenceBenchmark manifest with ``spec``, as the load Job's --spec-file."""
+    path = tmp_path / "b.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "inference.vllm-operator.dev/v1alpha1",
+                "kind": "InferenceBenchmark",
+                "metadata": {"name": "b", "namespace": "default"},
+                "spec": spec,
+            }
+        )
+    )
+    return path
+
+
 # --- the spec ----------------------------------------------------------------------------
 
 
@@ -98,17 +114,13 @@ def test_a_chaos_phase_runs_the_load_plain_then_delayed_and_compares(
     fake_server: ServerFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     server = fake_server(Config(ttft=Delay(value=0.01), itl=Delay(value=0.005)))
-    manifest = {
-        "apiVersion": "inference.vllm-operator.dev/v1alpha1",
-        "kind": "InferenceBenchmark",
-        "metadata": {"name": "b", "namespace": "default"},
-        "spec": _spec(
+    path = _spec_file(
+        tmp_path,
+        _spec(
             slo={"ttftP99Milliseconds": 300},
             chaos={"ratePerSecond": 20, "network": {"delayMilliseconds": 30}},
         ),
-    }
-    path = tmp_path / "b.yaml"
-    path.write_text(yaml.safe_dump(manifest))
+    )
     out = tmp_path / "out"
     argv = ["--spec-file", str(path), "--endpoint", server.url, "--model", "fake-model"]
     code = main([*argv, "--output-dir", str(out), "--no-progress"])
@@ -157,16 +169,10 @@ def test_chaos_that_finds_no_load_says_why_and_runs_nothing(
 ) -> None:
     # A 50 ms TTFT against a 10 ms objective: the single level fails; no load to run at.
     server = fake_server(Config(ttft=Delay(value=0.05)))
-    manifest = {
-        "apiVersion": "inference.vllm-operator.dev/v1alpha1",
-        "kind": "InferenceBenchmark",
-        "metadata": {"name": "b", "namespace": "default"},
-        "spec": _spec(
-            requests=5, slo={"ttftP99Milliseconds": 10}, chaos={"network": {"loss": 0.2}}
-        ),
-    }
-    path = tmp_path / "b.yaml"
-    path.write_text(yaml.safe_dump(manifest))
+    path = _spec_file(
+        tmp_path,
+        _spec(requests=5, slo={"ttftP99Milliseconds": 10}, chaos={"network": {"loss": 0.2}}),
+    )
     out = tmp_path / "out"
     argv = ["--spec-file", str(path), "--endpoint", server.url, "--model", "fake-model"]
     assert main([*argv, "--output-dir", str(out), "--no-progress", "--no-html"]) == EXIT_OK
@@ -181,14 +187,9 @@ def test_chaos_that_finds_no_load_says_why_and_runs_nothing(
 def test_chaos_against_an_https_endpoint_fails_before_any_level(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    manifest = {
-        "apiVersion": "inference.vllm-operator.dev/v1alpha1",
-        "kind": "InferenceBenchmark",
-        "metadata": {"name": "b", "namespace": "default"},
-        "spec": _spec(chaos={"ratePerSecond": 5, "network": {"delayMilliseconds": 5}}),
-    }
-    path = tmp_path / "b.yaml"
-    path.write_text(yaml.safe_dump(manifest))
+    path = _spec_file(
+        tmp_path, _spec(chaos={"ratePerSecond": 5, "network": {"delayMilliseconds": 5}})
+    )
     # Nothing listens there: the run must stop on the scheme, before it reaches the server.
     argv = ["--spec-file", str(path), "--endpoint", "https://127.0.0.1:9", "--model", "m"]
     assert main([*argv, "--output-dir", str(tmp_path / "out"), "--no-progress"]) == EXIT_FAILED
