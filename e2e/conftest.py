@@ -247,6 +247,18 @@ def dump_diagnostics(
                 "yaml",
                 "--ignore-not-found",
             )
+    if "chart_operator" in request.fixturenames:
+        # The operator as the chart's pod: its own log (the namespace above is the test's).
+        # Its level is debug: the lines that name the test's namespace, the last 150.
+        operator = request.getfixturevalue("chart_operator")
+        proc = cluster.kubectl(
+            "logs", f"deployment/{operator.process.deployment}", "-n", operator.namespace,
+            "--tail=5000", check=False, timeout=60,
+        )  # fmt: skip
+        lines = (proc.stdout + proc.stderr).splitlines()
+        if namespace:
+            lines = [line for line in lines if namespace in line]
+        sections.append(("the operator pod's log", "\n".join(lines[-150:])))
     if cluster.local and cluster.settings is not None:
         logs = cluster.settings.logs_dir
         for name in COMPONENTS:

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
 
 from devenv.cluster import node
@@ -77,6 +78,20 @@ class Load:
             stderr=subprocess.STDOUT,
             text=True,
         )  # fmt: skip
+
+    def check_running(self) -> bool:
+        """True while the load runs; a load that ended early fails the test with its output
+        (a wait for what the load causes would otherwise time out without saying why)."""
+        if self.proc.poll() is None:
+            return True
+        raise AssertionError(f"the load ended before its time: {self.state()}")
+
+    def state(self) -> str:
+        """The load's exit status and the end of its output, or that it still runs."""
+        if self.proc.poll() is None:
+            return "the load still runs"
+        output, _ = self.proc.communicate()
+        return f"the load exited {self.proc.returncode}: {output[-2000:]}"
 
     def result(self, timeout: float) -> dict[str, Any]:
         """Requests sent and failed (errors by kind) once the run is over."""
@@ -174,6 +189,22 @@ def _url(pod: dict[str, Any]) -> str:
     return f"http://{pod['status']['podIP']}:8000"
 
 
+def _replicas(cluster: ClusterHandle, ns: str, name: str) -> Any:
+    return (_get(cluster, ns, "vis", name) or {}).get("spec", {}).get("replicas")
+
+
+def _server_load(pod: dict[str, Any]) -> str:
+    """What the pod's vLLM itself says it runs and queues now, read by the test, beside
+    what the operator read (the timeline)."""
+    try:
+        text = httpx.get(f"{_url(pod)}/metrics", timeout=10).text
+    except httpx.HTTPError as err:
+        return f"the pod's /metrics did not answer ({err!r})"
+    wanted = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+    lines = [line for line in text.splitlines() if line.startswith(wanted)]
+    return "the pod's /metrics now: " + ("; ".join(lines) or "no request gauges")
+
+
 def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
     cluster: ClusterHandle,
     chart_operator: ChartOperator,
@@ -229,11 +260,14 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
             _url(first), tmp_path / "heavy", concurrency=32, seconds=60, tokens=200, stream=False
         )
         loads.append(heavy)
-        wait_for(
-            lambda: (_get(cluster, ns, "vis", "auto") or {}).get("spec", {}).get("replicas") == 2,
-            "the scale-up",
-            timeout=80,
-        )
+        try:
+            wait_for(
+                lambda: heavy.check_running() and _replicas(cluster, ns, "auto") == 2,
+                "the scale-up",
+                timeout=80,
+            )
+        except AssertionError as err:
+            raise AssertionError(f"{err}; {_server_load(first)}; {heavy.state()}") from None
         timeline.mark("scaled up; the heavy load ends after its 60 s")
         heavy.proc.wait(timeout=120)
         # The new pod takes traffic only once warmed up; the replicas stay meanwhile (the
