@@ -1,7 +1,8 @@
 """A fast OpenAI-compatible streaming server with known, injected delays, as its own process.
 
 It is a boundary we own (the HTTP API the load generator speaks), not a model of vLLM: it
-answers ``/health``, ``/v1/models``, ``/tokenize``, ``/detokenize``, ``/v1/completions`` and
+answers ``/health``, ``/v1/models``, ``/tokenize``, ``/detokenize``, ``/metrics`` (vLLM's
+request gauges and latency sum, from what it serves), ``/v1/completions`` and
 ``/v1/chat/completions`` (streaming with ``stream_options.include_usage``, or not), and it
 keeps a log of what it did, on the host's monotonic clock, for every generation request:
 when the request had fully arrived, when each chunk was due and when it was written, when
@@ -51,6 +52,8 @@ from vllm_operator.bench.timing import new_event_loop
 
 MODEL = "fake-model"
 MAX_MODEL_LEN = 4096
+# Requests the KV cache /metrics reports holds (its usage: requests in flight over this).
+KV_REQUESTS = 16
 
 
 @dataclass(frozen=True)
@@ -147,6 +150,19 @@ class _State:
         self.vocab: dict[str, int] = {}
         self.words: list[str] = []
         self.stats = _Counters()
+        # What GET /metrics reports, as vLLM names it: generation requests in flight, and
+        # the finished ones' count and summed seconds in the server (never reset).
+        self.in_flight = 0
+        self.finished = 0
+        self.e2e_seconds = 0.0
+
+    def started(self) -> None:
+        self.in_flight += 1
+
+    def ended(self, received: float, now: float) -> None:
+        self.in_flight -= 1
+        self.finished += 1
+        self.e2e_seconds += now - received
 
     def token_id(self, word: str) -> int:
         index = self.vocab.get(word)
@@ -214,6 +230,7 @@ class _Protocol(asyncio.Protocol):
         if self.current is not None and not self.current.end:
             self.current.aborted = True
             self.current.end = time.monotonic()
+            self.state.ended(self.current.received, self.current.end)
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
@@ -279,6 +296,20 @@ class _Protocol(asyncio.Protocol):
             counters = asdict(state.stats)
             state.stats = state.stats.fresh()
             self._reply(_json_response(200, counters))
+        elif path == "/metrics":
+            # One engine with room for KV_BLOCKS requests, none ever queued.
+            text = (
+                f"vllm:num_requests_running {state.in_flight}\n"
+                "vllm:num_requests_waiting 0\n"
+                f"vllm:kv_cache_usage_perc {min(1.0, state.in_flight / KV_REQUESTS)}\n"
+                f"vllm:e2e_request_latency_seconds_sum {state.e2e_seconds}\n"
+                "vllm:request_queue_time_seconds_sum 0.0\n"
+                f"vllm:request_success_total {state.finished}\n"
+                "vllm:num_preemptions_total 0\n"
+            ).encode()
+            head = [("Content-Type", "text/plain; version=0.0.4"),
+                    ("Content-Length", str(len(text)))]  # fmt: skip
+            self._reply(_head(200, head) + text)
         elif path == "/_dropped":
             self._reply(_json_response(200, {"dropped": state.dropped}))
         elif path == "/tokenize":
@@ -330,6 +361,7 @@ class _Protocol(asyncio.Protocol):
             "completion_tokens": n,
             "total_tokens": prompt_tokens + n,
         }
+        state.started()
         if not req.get("stream"):
             rng = random.Random(f"{config.seed}:{rid}")
             total = config.ttft.draw(rng) + sum(config.itl.draw(rng) for _ in range(n - 1))
@@ -341,6 +373,7 @@ class _Protocol(asyncio.Protocol):
 
             def answer() -> None:
                 entry.end = time.monotonic()
+                state.ended(received, entry.end)
                 entry.chunk_times.append(entry.end)
                 entry.due.append(received + total)
                 self._reply(_json_response(200, {"choices": [choice], "usage": usage}))
@@ -380,6 +413,7 @@ class _Protocol(asyncio.Protocol):
             entry.chunk_times = [now] * len(sizes)
             entry.due = [now] * len(sizes)
             entry.end = now
+            state.ended(received, now)
             self._reply(_STREAM_HEAD + b"".join(chunks) + tail)
             return
         self._send(_STREAM_HEAD + b"".join(head_chunks))
@@ -426,6 +460,7 @@ class _Protocol(asyncio.Protocol):
         entry.due.append(at)
         if last:
             entry.end = now
+            self.state.ended(entry.received, now)
             self._finish()
         else:
             self._schedule_token(entry, pending[1:], tail)

@@ -13,7 +13,9 @@ import pytest
 import vllm_operator.bench
 
 BENCH = Path(vllm_operator.bench.__file__).parent
-PURE = ("workload", "arrivals", "stats", "search", "result", "records", "archive")
+PURE = (
+    "workload", "arrivals", "stats", "search", "result", "records", "archive", "resources",
+)  # fmt: skip
 
 
 def test_bench_imports_no_kopf_kubernetes_client_or_nvml() -> None:

@@ -174,3 +174,45 @@ def test_percentiles_agree_with_vllms_own_histograms(
             return
         failures.append(f"attempt {attempt + 1}: " + "; ".join(misses))
     raise AssertionError("\n".join(failures))
+
+
+def test_a_level_reads_the_real_servers_resources(
+    vllm_servers: OneServer,
+    vllm_python: object,
+    tiny_models: dict[str, object],
+    vllm_log_dir: object,
+) -> None:
+    """``--metrics-url server`` against the real CPU vLLM: its own metrics parse, and the
+    requests it held on average (Little's law from its sums) agree with the client's."""
+    server = vllm_servers.get(
+        tiny_models["tiny-llama"],  # type: ignore[arg-type]
+        python=vllm_python,  # type: ignore[arg-type]
+        log_dir=vllm_log_dir,  # type: ignore[arg-type]
+    )
+    options = RunOptions(
+        endpoint=server.url,
+        model=server.model_name,
+        metrics_urls=(f"{server.url}/metrics",),
+        metrics_interval_s=0.5,
+    )
+    spec = SPEC.model_copy(update={"requests": 20, "seed": 11})
+    result = timing.run(run_benchmark(spec, options))
+    (level,) = result.levels
+    res = level.resources
+    assert res is not None, "nothing read"
+    assert res.scrape_errors == 0, res.last_error
+    assert res.samples >= 4
+    records = [r for r in level.recording.records if r.ok and r.sent and r.end]
+    assert len(records) == 20
+    # The client's side of Little's law: seconds its requests took, over the level's span.
+    span = max(r.end or 0 for r in records) - min(r.sent or 0 for r in records)
+    held = sum((r.end or 0) - (r.sent or 0) for r in records) / span
+    print(f"\nrequests in the server: {res.running_mean} (vLLM's sums), {held:.3f} (client)")
+    print(f"KV cache usage max {res.kv_cache_usage_max}, nearest saturation {res.nearest}")
+    assert res.running_mean is not None and res.waiting_mean is not None
+    # vLLM's sampler span starts before the first send and ends after the last answer, and
+    # its clock starts when a request reaches the engine: a little lower than the client's.
+    assert 0.5 * held <= res.running_mean + res.waiting_mean <= 1.05 * held
+    assert res.kv_cache_usage_max is not None and 0 < res.kv_cache_usage_max <= 1
+    assert res.preemptions == 0
+    assert res.nearest in ("kv-cache", "queue")

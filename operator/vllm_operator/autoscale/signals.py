@@ -28,6 +28,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 
+from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 RUNNING = "vllm:num_requests_running"
@@ -126,16 +127,26 @@ class MetricsError(ValueError):
     """The text is not vLLM's metrics (no request gauges in it)."""
 
 
+def metric_families(text: str) -> list[Metric]:
+    """Prometheus text as metric families. Raises MetricsError when it is not that."""
+    try:
+        return list(text_string_to_metric_families(text))
+    except ValueError as err:
+        raise MetricsError(f"unparseable metrics: {err}") from err
+
+
 def parse_metrics(pod: str, text: str) -> PodReading:
     """Read one pod's /metrics text. Raises MetricsError when it lacks vLLM's gauges."""
+    return reading_of(pod, metric_families(text))
+
+
+def reading_of(pod: str, families: list[Metric]) -> PodReading:
+    """One pod's reading from its parsed metrics. Raises MetricsError when they lack vLLM's
+    gauges."""
     gauges: dict[str, list[float]] = defaultdict(list)
     sums: dict[str, float] = defaultdict(float)
     counters: dict[str, float] = defaultdict(float)
     buckets: dict[float, float] = defaultdict(float)
-    try:
-        families = list(text_string_to_metric_families(text))
-    except ValueError as err:
-        raise MetricsError(f"unparseable metrics: {err}") from err
     for family in families:
         for sample in family.samples:
             if sample.name in (RUNNING, WAITING, KV_CACHE_USAGE):

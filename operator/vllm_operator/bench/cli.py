@@ -49,6 +49,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
@@ -182,8 +183,25 @@ def _spin(text: str) -> float:
     return value
 
 
+def metrics_urls_of(given: list[str], endpoint: str) -> tuple[str, ...]:
+    """``--metrics-url`` values as URLs ('server': the endpoint's /metrics), each once."""
+    from vllm_operator.bench.client import server_root
+
+    urls: list[str] = []
+    for item in given:
+        url = f"{server_root(endpoint)}/metrics" if item == "server" else item
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"--metrics-url needs an http(s) URL or 'server', got {item!r}")
+        if url not in urls:
+            urls.append(url)
+    return tuple(urls)
+
+
 def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the bench flags to ``parser``; its ``func`` default runs the benchmark."""
+    from vllm_operator.bench.resources import DEFAULT_INTERVAL_S as DEFAULT_METRICS_INTERVAL_S
+
     target = parser.add_argument_group("target")
     target.add_argument("--endpoint", help="server base URL, e.g. http://127.0.0.1:8000")
     target.add_argument("--model", help="served model name (default: first of /v1/models)")
@@ -348,6 +366,27 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="what a lost read costs (default 200: Linux's minimum retransmission timeout)",
     )
     net.add_argument("--net-seed", type=int, default=0, help="seed of jitter and loss")
+
+    res = parser.add_argument_group(
+        "resources",
+        "read Prometheus endpoints through every level, so that the report sets latency "
+        "against KV-cache usage, queueing, preemptions and GPU figures (bench/resources.py)",
+    )
+    res.add_argument(
+        "--metrics-url",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a server's /metrics, or a DCGM exporter's; 'server' is the endpoint's own "
+        "/metrics; repeat for several (default: none read)",
+    )
+    res.add_argument(
+        "--metrics-interval",
+        type=float,
+        default=DEFAULT_METRICS_INTERVAL_S,
+        metavar="SECONDS",
+        help=f"seconds between reads (default {DEFAULT_METRICS_INTERVAL_S:g})",
+    )
     parser.set_defaults(func=_cmd_bench)
     return parser
 
@@ -680,6 +719,12 @@ def _run(args: argparse.Namespace, console: Console) -> int:
                 relayed_address(args.endpoint)
             except ValueError:
                 raise ValueError("--net-* faults need an http:// --endpoint") from None
+        metrics_urls = metrics_urls_of(args.metrics_url, args.endpoint)
+        if not 0 < args.metrics_interval <= 3600:
+            raise ValueError(
+                f"--metrics-interval must be between 0 and 3600 seconds, got "
+                f"{args.metrics_interval:g}"
+            )
     except (ValueError, ValidationError, OSError) as exc:
         return _fail(args, str(exc), EXIT_USAGE)
     max_connections = args.max_connections or DEFAULT_MAX_CONNECTIONS
@@ -703,6 +748,8 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         lag_limit_s=args.lag_limit_ms / 1e3,
         ignore_eos=not args.allow_eos,
         headers=headers,
+        metrics_urls=metrics_urls,
+        metrics_interval_s=args.metrics_interval,
     )
     inputs = RunInputs(dataset=dataset, trace=trace)
     reporter = ConsoleReporter(console, progress=not args.no_progress)

@@ -34,7 +34,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from vllm_operator.bench.records import Load, RequestRecord
-from vllm_operator.bench.result import BenchmarkResult, to_status
+from vllm_operator.bench.result import BenchmarkResult, LevelOutcome, knee_resource, to_status
 from vllm_operator.bench.stats import LevelStats
 
 JSON_VERSION = 1
@@ -190,6 +190,13 @@ def print_summary(result: BenchmarkResult, console: Console) -> None:
     knee = result.knee
     if knee is not None:
         console.print(f"Knee: {knee[0]:.4g} {knee[1]} (P99 TTFT climbs 3x faster beyond it)")
+    cause = knee_resource(result)
+    if cause is not None:
+        console.print(f"Nearest saturation at the knee: {cause[0]} ({cause[1]:.0%})")
+    for lv in result.levels:
+        if lv.resources is not None and lv.resources.samples == 0 and lv.resources.last_error:
+            console.print(f"[yellow]Resources not read: {lv.resources.last_error}[/]")
+            break
     if result.spec.mode == "Search":
         best = result.best_rate_per_second
         console.print(
@@ -212,6 +219,7 @@ def print_summary(result: BenchmarkResult, console: Console) -> None:
 def result_json(result: BenchmarkResult, *, requests: bool = True) -> dict[str, Any]:
     """The whole run as JSON-ready data (latencies in seconds; instants relative)."""
     knee = result.knee
+    cause = knee_resource(result)
     return {
         "version": JSON_VERSION,
         "spec": result.spec.to_wire(),
@@ -223,6 +231,11 @@ def result_json(result: BenchmarkResult, *, requests: bool = True) -> dict[str, 
         "end_time": result.end_time.isoformat(),
         "knee": None if knee is None else {"load": knee[0], "unit": knee[1]},
         "knee_rate_per_second": result.knee_rate_per_second,
+        "knee_resource": (
+            None
+            if cause is None
+            else {"resource": cause[0], "saturation": cause[1], "load": cause[2]}
+        ),
         "best_rate_per_second": result.best_rate_per_second,
         "levels": [
             {
@@ -230,6 +243,7 @@ def result_json(result: BenchmarkResult, *, requests: bool = True) -> dict[str, 
                 "wall_start": lv.recording.wall_start,
                 "max_in_flight": lv.recording.max_in_flight,
                 "stats": dataclasses.asdict(lv.stats),
+                "resources": _resources_json(lv),
                 "requests": (
                     [r.to_json(lv.recording.start) for r in lv.recording.records]
                     if requests
@@ -248,16 +262,22 @@ def result_json(result: BenchmarkResult, *, requests: bool = True) -> dict[str, 
                 "baseline": {
                     "passed": c.baseline.passed,
                     "stats": dataclasses.asdict(c.baseline.stats),
+                    "resources": _resources_json(c.baseline),
                 },
                 "perturbed": {
                     "passed": c.perturbed.passed,
                     "stats": dataclasses.asdict(c.perturbed.stats),
+                    "resources": _resources_json(c.perturbed),
                 },
             }
             for c in result.chaos
         ],
         "chaos_note": result.chaos_note,
     }
+
+
+def _resources_json(level: LevelOutcome) -> dict[str, Any] | None:
+    return None if level.resources is None else dataclasses.asdict(level.resources)
 
 
 def write_outputs(
@@ -626,6 +646,7 @@ def render_html(data: dict[str, Any]) -> str:
         plots += [buckets_svg(focus), timeline_svg(focus)]
     spec = html.escape(json.dumps(data["spec"], indent=2))
     chaos = _chaos_html(data)
+    resources = _resources_html(data)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <title>vllm-operator bench: {html.escape(data["model"])}</title>
@@ -643,10 +664,140 @@ pre {{ background: #f5f5f5; padding: 1em; }}
 the client's schedule lag is how late it sent. Tokens come from the server's usage.</p>
 <table><tr>{head}</tr>{"".join(rows)}</table>
 {"".join(f"<figure>{p}</figure>" for p in plots)}
+{resources}
 {chaos}
 <details><summary>Spec</summary><pre>{spec}</pre></details>
 </body></html>
 """
+
+
+_RESOURCE_LABELS = {
+    "kv-cache": "KV cache",
+    "queue": "queue (waiting share)",
+    "gpu": "GPU utilisation",
+    "memory-bandwidth": "memory bandwidth",
+    "power": "power (of the limit)",
+}
+
+
+def _heat(fraction: float) -> str:
+    """White at 0, through amber, to red at 1."""
+    f = min(1.0, max(0.0, fraction))
+    if f < 0.5:
+        g = 255 - int(80 * f * 2)
+        return f"rgb(255,{g},{255 - int(255 * f * 2)})"
+    return f"rgb({255 - int(55 * (f - 0.5) * 2)},{175 - int(175 * (f - 0.5) * 2)},0)"
+
+
+def resources_heatmap_svg(data: dict[str, Any]) -> str:
+    """P99 against load, each level a column whose cells are coloured by how near
+    saturation each resource was; the knee's column is outlined, with its resource."""
+    cols = []
+    for lv in data["levels"]:
+        x, unit = _load_of(lv["stats"])
+        if x is not None and lv.get("resources"):
+            cols.append((x, unit, lv))
+    cols.sort(key=lambda c: c[0])
+    names = [n for n in _RESOURCE_LABELS if any(n in c[2]["resources"]["saturation"] for c in cols)]
+    if not cols or not names:
+        return ""
+    unit = cols[0][1]
+    left, top, cw, ch = 170, 56, 64, 26
+    width, height = left + cw * len(cols) + 20, top + ch * (len(names) + 1) + 40
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        'font-family="sans-serif" font-size="11">',
+        f'<text x="{left}" y="16" font-size="13">P99 latency against {html.escape(unit)}, '
+        "each resource coloured by its saturation</text>",
+    ]
+    knee = data.get("knee")
+    cause = data.get("knee_resource") or {}
+    for i, (x, _u, lv) in enumerate(cols):
+        cx = left + i * cw
+        y99 = knee_metric_of(lv["stats"])
+        out.append(f'<text x="{cx + cw / 2}" y="{top - 22}" text-anchor="middle">{_fmt(x)}</text>')
+        p99 = "-" if y99 is None else f"{y99 * 1e3:.4g} ms"
+        out.append(f'<text x="{cx + cw / 2}" y="{top - 6}" text-anchor="middle">{p99}</text>')
+        sat = lv["resources"]["saturation"]
+        for j, name in enumerate(names):
+            y = top + j * ch
+            value = sat.get(name)
+            fill = "#eee" if value is None else _heat(value)
+            out.append(
+                f'<rect x="{cx}" y="{y}" width="{cw - 2}" height="{ch - 2}" fill="{fill}">'
+                f"<title>{html.escape(_RESOURCE_LABELS[name])} at {_fmt(x)}: "
+                f"{'-' if value is None else f'{value:.0%}'}</title></rect>"
+            )
+            label = "-" if value is None else f"{value:.0%}"
+            bold = ' font-weight="bold"' if name == lv["resources"].get("nearest") else ""
+            out.append(
+                f'<text x="{cx + cw / 2 - 1}" y="{y + ch / 2 + 3}" text-anchor="middle"{bold}>'
+                f"{label}</text>"
+            )
+        if cause and cause.get("load") == x:
+            out.append(
+                f'<rect x="{cx - 1}" y="{top - 36}" width="{cw}" height="{ch * len(names) + 38}" '
+                'fill="none" stroke="#000" stroke-width="2"/>'
+            )
+    for j, name in enumerate(names):
+        out.append(
+            f'<text x="{left - 8}" y="{top + j * ch + ch / 2 + 3}" text-anchor="end">'
+            f"{html.escape(_RESOURCE_LABELS[name])}</text>"
+        )
+    out.append(f'<text x="{left - 8}" y="{top - 22}" text-anchor="end">{html.escape(unit)}</text>')
+    out.append(f'<text x="{left - 8}" y="{top - 6}" text-anchor="end">P99 (knee metric)</text>')
+    foot = top + ch * len(names) + 18
+    if knee and cause:
+        out.append(
+            f'<text x="{left}" y="{foot}">knee {knee["load"]:.4g} {html.escape(knee["unit"])}: '
+            f"nearest saturation {html.escape(_RESOURCE_LABELS.get(cause['resource'], ''))} "
+            f"({cause['saturation']:.0%}) in the outlined level</text>"
+        )
+    out.append("</svg>")
+    return "".join(out)
+
+
+def knee_metric_of(stats: dict[str, Any]) -> float | None:
+    """The knee's P99 (TTFT from the scheduled send, else E2E) from a level's JSON."""
+    got = _get(stats, "from_scheduled", "ttft", "p99")
+    return got if got is not None else _get(stats, "from_scheduled", "e2e", "p99")
+
+
+def _resources_html(data: dict[str, Any]) -> str:
+    """The resource figures of each level read, and their heat map."""
+    levels = [lv for lv in data["levels"] if lv.get("resources")]
+    if not levels:
+        return ""
+    rows = []
+    for lv in levels:
+        r = lv["resources"]
+
+        def f(key: str, scale: float = 1.0, digits: str = ".3g", r: dict[str, Any] = r) -> str:
+            v = r.get(key)
+            return "-" if v is None else format(v * scale, digits)
+
+        cells = [
+            lv["stats_label"], f("running_mean"), f("waiting_mean"),
+            f("kv_cache_usage_mean", 100, ".1f"), f("kv_cache_usage_max", 100, ".1f"),
+            f("preemptions", 1, ".0f"), f("gpu_utilization_mean", 100, ".1f"),
+            f("memory_bandwidth_mean", 100, ".1f"), f("power_watts_mean", 1, ".0f"),
+            _RESOURCE_LABELS.get(r.get("nearest") or "", "-"),
+            f"{r['samples']} ({r['scrape_errors']} failed)",
+        ]  # fmt: skip
+        rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
+    head = "".join(
+        f"<th>{h}</th>"
+        for h in ("load", "running", "waiting", "KV % mean", "KV % max", "preemptions",
+                  "GPU %", "mem BW %", "power W", "nearest saturation", "reads")
+    )  # fmt: skip
+    heat = resources_heatmap_svg(data)
+    return (
+        "<h2>Latency against resources</h2><p>What the server reported while each level ran: "
+        "requests running and waiting per server (means by Little's law), KV-cache usage, "
+        "preemptions, and GPU figures where a DCGM exporter was read.</p>"
+        f"<table><tr>{head}</tr>{''.join(rows)}</table>"
+        + (f"<figure>{heat}</figure>" if heat else "")
+    )
 
 
 def _chaos_html(data: dict[str, Any]) -> str:

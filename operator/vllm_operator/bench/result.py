@@ -22,6 +22,7 @@ from datetime import datetime
 from typing import Any
 
 from vllm_operator.bench.records import DEADLINE_KINDS, LevelRecording
+from vllm_operator.bench.resources import ResourceStats
 from vllm_operator.bench.search import knee
 from vllm_operator.bench.stats import LatencySummary, LevelStats, Summary
 from vllm_operator.models.inference_benchmark import (
@@ -44,6 +45,8 @@ class LevelOutcome:
     # Whether the level met the SLO (attainment at or above the target, client not the
     # bottleneck); True when there is no SLO and the client kept up.
     passed: bool
+    # What the server's resources did meanwhile, where the run read them (bench.resources).
+    resources: ResourceStats | None = None
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,25 @@ class BenchmarkResult:
             if lv.stats.concurrency == load:
                 return lv.stats.requests_per_second
         return None
+
+
+def knee_resource(result: BenchmarkResult) -> tuple[str, float, float] | None:
+    """What the server was nearest to running out of at the knee: (resource, saturation,
+    the level's load) of the first level at or beyond the knee whose resources were read."""
+    found = result.knee
+    if found is None:
+        return None
+    at, _unit = found
+    read = sorted(
+        (lv for lv in result.levels if lv.resources is not None and lv.resources.nearest),
+        key=lambda lv: _load_key(lv.stats),
+    )
+    for lv in read:
+        if _load_key(lv.stats) >= at:
+            assert lv.resources is not None and lv.resources.nearest is not None
+            name = lv.resources.nearest
+            return name, lv.resources.saturation[name], _load_key(lv.stats)
+    return None
 
 
 def _load_key(stats: LevelStats) -> float:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import dataclasses
 import logging
 import platform
@@ -41,6 +42,7 @@ from vllm_operator.bench.client import (
 )
 from vllm_operator.bench.netfault import FaultProxy, Impairment, relayed_address
 from vllm_operator.bench.records import Load, RequestRecord
+from vllm_operator.bench.resources import DEFAULT_INTERVAL_S as DEFAULT_METRICS_INTERVAL_S
 from vllm_operator.bench.result import (
     DEFAULT_TARGET_ATTAINMENT,
     BenchmarkResult,
@@ -50,6 +52,7 @@ from vllm_operator.bench.result import (
     knee_of,
     passed,
 )
+from vllm_operator.bench.sampler import ResourceSampler
 from vllm_operator.bench.search import RateSearch
 from vllm_operator.bench.stats import DEFAULT_LAG_LIMIT_S, LevelStats, Slo, summarize
 from vllm_operator.bench.tokenizer import choose_tokenizer
@@ -97,6 +100,10 @@ class RunOptions:
     # fast instead of after a whole level.
     preflight: bool = True
     run_id: str = "bench"
+    # Prometheus endpoints read during every level (bench.resources): the servers' /metrics,
+    # a DCGM exporter's; none, none read.
+    metrics_urls: tuple[str, ...] = ()
+    metrics_interval_s: float = DEFAULT_METRICS_INTERVAL_S
 
 
 @dataclass(frozen=True)
@@ -320,12 +327,22 @@ async def run_benchmark(
     outcomes: list[LevelOutcome] = []
     search: RateSearch | None = None
 
-    async with LoadClient(
-        target,
-        max_in_flight=options.max_in_flight,
-        max_connections=options.max_connections,
-        run_id=options.run_id,
-    ) as client:
+    async with contextlib.AsyncExitStack() as stack:
+        client = await stack.enter_async_context(
+            LoadClient(
+                target,
+                max_in_flight=options.max_in_flight,
+                max_connections=options.max_connections,
+                run_id=options.run_id,
+            )
+        )
+        sampler = (
+            await stack.enter_async_context(
+                ResourceSampler(options.metrics_urls, interval_s=options.metrics_interval_s)
+            )
+            if options.metrics_urls
+            else None
+        )
         if options.preflight:
             first = (await prompts.take(1))[0]
             probe = RequestPlan(
@@ -360,6 +377,9 @@ async def run_benchmark(
             if reporter is not None:
                 reporter.level_started(load, total)
             ticker = _start_ticker(reporter, schedule)
+            resources = None
+            if sampler is not None:
+                await sampler.start()
             try:
                 recording = await via.run_level(
                     load,
@@ -373,10 +393,12 @@ async def run_benchmark(
             finally:
                 if ticker is not None:
                     ticker.cancel()
+                if sampler is not None:
+                    resources = await sampler.stop()
             stats = summarize(recording, slo=slo, buckets=edges, lag_limit_s=options.lag_limit_s)
             if reporter is not None:
                 reporter.level_finished(stats)
-            return LevelOutcome(recording, stats, passed(stats, attainment))
+            return LevelOutcome(recording, stats, passed(stats, attainment), resources)
 
         if spec.mode == "Search":
             assert spec.search is not None
