@@ -159,6 +159,13 @@ def _milliseconds(text: str) -> float:
     return value
 
 
+def _interval(text: str) -> float:
+    value = _number(text)
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 3600 seconds, got {text}")
+    return value
+
+
 def _loss(text: str) -> float:
     value = _fraction(text)
     if value >= 1:
@@ -382,7 +389,7 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     res.add_argument(
         "--metrics-interval",
-        type=float,
+        type=_interval,
         default=DEFAULT_METRICS_INTERVAL_S,
         metavar="SECONDS",
         help=f"seconds between reads (default {DEFAULT_METRICS_INTERVAL_S:g})",
@@ -720,11 +727,6 @@ def _run(args: argparse.Namespace, console: Console) -> int:
             except ValueError:
                 raise ValueError("--net-* faults need an http:// --endpoint") from None
         metrics_urls = metrics_urls_of(args.metrics_url, args.endpoint)
-        if not 0 < args.metrics_interval <= 3600:
-            raise ValueError(
-                f"--metrics-interval must be between 0 and 3600 seconds, got "
-                f"{args.metrics_interval:g}"
-            )
     except (ValueError, ValidationError, OSError) as exc:
         return _fail(args, str(exc), EXIT_USAGE)
     max_connections = args.max_connections or DEFAULT_MAX_CONNECTIONS
