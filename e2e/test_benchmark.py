@@ -19,7 +19,7 @@ from e2e.k8s_helpers import condition, wait_for
 from e2e.real_node_fixtures import ChartOperator, PodOperator
 from e2e.test_operator import _get
 from e2e.test_warmup import _isvc
-from vllm_operator.constants import GROUP
+from vllm_operator.constants import GROUP, LABEL_SERVICE
 
 
 def _target(name: str, replicas: int, image: str) -> dict[str, Any]:
@@ -239,3 +239,74 @@ def test_the_lock_clears_when_the_operator_is_down_as_the_benchmark_ends(
         "the benchmark to be closed by the restarted operator",
         timeout=60,
     )
+
+
+def _server_pods(cluster: ClusterHandle, ns: str) -> dict[str, dict[str, Any]]:
+    found = _get(cluster, ns, "pods", "-l", f"{LABEL_SERVICE}=svc") or {}
+    return {p["metadata"]["name"]: p for p in found.get("items", [])}
+
+
+def test_a_chaos_restart_evicts_a_server_mid_run_and_counts_the_errors(
+    cluster: ClusterHandle, real_images: Images, target_ns: str
+) -> None:
+    """The load Job evicts one of the two servers through the Eviction API (its Role
+    allows only that, by name), the Deployment replaces it, and the status compares the
+    run with the plain one before it."""
+    ns = target_ns
+    cluster.apply(_target("svc", 2, real_images.fault_server), namespace=ns)
+    wait_for(
+        lambda: (
+            (i := _get(cluster, ns, "vis", "svc"))
+            and i.get("status", {}).get("readyReplicas") == 2
+            and condition(i, "Ready").get("status") == "True"
+        ),
+        "two ready replicas",
+        timeout=120,
+    )
+    before = set(_server_pods(cluster, ns))
+    assert len(before) == 2
+    bench = _bench("restart", "svc", 12)
+    bench["spec"]["chaos"] = {"ratePerSecond": 2, "restart": {"afterSeconds": 3}}
+    cluster.apply(bench, namespace=ns)
+    wait_for(lambda: _phase(cluster, ns, "restart") == "Running", "the benchmark", timeout=90)
+    role = _get(cluster, ns, "role", "restart-load") or {}
+    assert role["rules"][1]["resources"] == ["pods/eviction"]
+    assert sorted(role["rules"][1]["resourceNames"]) == sorted(before)
+    # The Job's account may evict those pods and nothing else about pods.
+    account = f"--as=system:serviceaccount:{ns}:restart-load"
+    for verb, what in (("delete", "pods"), ("list", "pods"), ("create", "pods/eviction")):
+        plural, _, sub = what.partition("/")
+        extra = [f"--subresource={sub}"] if sub else []
+        proc = cluster.kubectl("auth", "can-i", verb, plural, *extra, "-n", ns, account,
+                               check=False)  # fmt: skip
+        assert proc.stdout.strip() == "no", (verb, what, proc.stdout)
+    name = sorted(before)[0]
+    proc = cluster.kubectl("auth", "can-i", "create", f"pods/{name}", "--subresource=eviction",
+                           "-n", ns, account, check=False)  # fmt: skip
+    assert proc.stdout.strip() == "yes", proc.stdout
+    wait_for(
+        lambda: _phase(cluster, ns, "restart") in ("Succeeded", "Failed"),
+        "the benchmark to end",
+        timeout=240,
+    )
+    status = (_get(cluster, ns, "inferencebenchmark", "restart") or {})["status"]
+    assert status["phase"] == "Succeeded", status
+    (chaos,) = status["chaos"]
+    print("chaos restart:", chaos["perturbation"], "|", chaos["verdict"])
+    print("perturbed errors by kind:", chaos["perturbed"].get("errorsByKind"))
+    words = chaos["perturbation"].split()
+    assert words[:2] == ["restart:", "pod"] and words[3] == "evicted", chaos["perturbation"]
+    evicted = words[2]
+    assert evicted in before
+    # The evicted pod goes (gracefully: it drains first), and the Deployment replaces it.
+    wait_for(
+        lambda: (
+            evicted not in _server_pods(cluster, ns)
+            and _get(cluster, ns, "vis", "svc").get("status", {}).get("readyReplicas") == 2
+        ),  # type: ignore[union-attr]
+        "the evicted pod replaced",
+        timeout=120,
+    )
+    assert chaos["baseline"]["requests"] > 0 and chaos["perturbed"]["requests"] > 0
+    assert isinstance(chaos["perturbed"].get("errored", 0), int)
+    assert f"errors {chaos['baseline'].get('errored', 0)} -> " in chaos["verdict"]

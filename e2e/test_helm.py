@@ -180,6 +180,7 @@ NEEDED = [
     ("create", "roles", "default"),
     ("patch", "rolebindings", "default"),
     ("update", "configmaps", "default"),  # held, so that the load Job's Role may grant it
+    ("create", "pods/eviction", "default"),  # likewise, for a chaos restart; never used
 ]
 
 
@@ -249,6 +250,11 @@ def test_the_operators_account_writes_only_its_own_objects_outside_system_namesp
     chart's admission policy refuses its account everything but its own objects."""
     cluster = chart_release.cluster
     cluster.kubectl("create", "configmap", "users", "-n", namespace, "--from-literal=a=b")
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "users", "namespace": namespace},
+           "spec": {"containers": [{"name": "c", "image": "pause"}]}}  # fmt: skip
+    cluster.kubectl("create", "-f", "-", input=json.dumps(pod))
+    eviction = {"apiVersion": "policy/v1", "kind": "Eviction",
+                "metadata": {"name": "users", "namespace": namespace}}  # fmt: skip
     # RBAC alone would allow each of these.
     assert _can_i(chart_release, "patch", "configmaps", namespace) == "yes"
     assert _can_i(chart_release, "create", "deployments", "kube-system") == "yes"
@@ -264,6 +270,11 @@ def test_the_operators_account_writes_only_its_own_objects_outside_system_namesp
             _as_operator(chart_release, "create", "--dry-run=server", "-f", "-",
                          body=_config_map("orphan", namespace, labels=True, owner=False)),
         ],
+        "evicts no pod itself": [
+            _as_operator(chart_release, "create", "--raw",
+                         f"/api/v1/namespaces/{namespace}/pods/users/eviction?dryRun=All",
+                         "-f", "-", body=eviction),
+        ],
         "writes nothing in namespace kube-system": [
             _as_operator(chart_release, "create", "--dry-run=server", "-f", "-",
                          body=_config_map("sys", "kube-system", labels=True, owner=True)),
@@ -274,6 +285,9 @@ def test_the_operators_account_writes_only_its_own_objects_outside_system_namesp
             assert proc.returncode != 0 and words in proc.stderr, proc.stderr
             assert "own-objects-only" in proc.stderr, proc.stderr
     assert cluster.kubectl_json("get", "configmap", "users", "-n", namespace)["data"] == {"a": "b"}
+    assert not cluster.kubectl_json("get", "pod", "users", "-n", namespace)["metadata"].get(
+        "deletionTimestamp"
+    )
     # What the operator does write passes: labelled and owned, in a user namespace.
     ok = _as_operator(chart_release, "create", "--dry-run=server", "-f", "-",
                       body=_config_map("ours", namespace, labels=True, owner=True))  # fmt: skip

@@ -278,6 +278,7 @@ NAMESPACED_RULES = [
 UPCOMING_RULES = [
     (("batch",), ("jobs",), ("get", "list", "watch", "create", "patch", "delete")),
     (("",), ("pods/status",), ("patch",)),
+    (("",), ("pods/eviction",), ("create",)),
     (
         ("autoscaling",),
         ("horizontalpodautoscalers",),

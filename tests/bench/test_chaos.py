@@ -4,6 +4,7 @@ perturbation, compared; its spec's errors; its place in results, report and stat
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +15,12 @@ from pydantic import ValidationError
 from tests.bench.conftest import ServerFactory
 from tests.bench.fake_server import Config, Delay
 from tests.bench.test_result import outcome
+from vllm_operator.bench import timing
 from vllm_operator.bench.cli import EXIT_FAILED, EXIT_OK, compact_status, main
 from vllm_operator.bench.records import Load
+from vllm_operator.bench.restart import Eviction
 from vllm_operator.bench.result import chaos_verdict
-from vllm_operator.bench.run import chaos_rate
+from vllm_operator.bench.run import BenchmarkError, RunOptions, chaos_rate, run_benchmark
 from vllm_operator.bench.stats import Slo
 from vllm_operator.models.inference_benchmark import (
     ChaosSpec,
@@ -61,7 +64,8 @@ def _spec_file(tmp_path: Path, spec: dict[str, Any]) -> Path:
 @pytest.mark.parametrize(
     ("chaos", "words"),
     [
-        ({}, "chaos needs a perturbation: network"),
+        ({}, "chaos needs a perturbation: network or restart"),
+        ({"restart": {"afterSeconds": -1}}, "greater than or equal to 0"),
         ({"network": {}}, "set delayMilliseconds, jitterMilliseconds or loss"),
         ({"network": {"loss": 1}}, "less than 1"),
         ({"network": {"delayMilliseconds": -1}}, "greater than or equal to 0"),
@@ -76,6 +80,14 @@ def test_a_chaos_spec_without_sense_is_refused_naming_the_field(
 ) -> None:
     with pytest.raises(ValidationError, match=words):
         InferenceBenchmarkSpec.model_validate(_spec(chaos=chaos))
+
+
+def test_a_restart_due_after_the_run_ends_is_refused() -> None:
+    spec = _spec(durationSeconds=10, requests=None, chaos={"restart": {"afterSeconds": 10}})
+    with pytest.raises(ValidationError, match=r"chaos\.restart\.afterSeconds must be below"):
+        InferenceBenchmarkSpec.model_validate(spec)
+    # Without durationSeconds the run's length is the requests'; nothing to compare.
+    InferenceBenchmarkSpec.model_validate(_spec(chaos={"restart": {"afterSeconds": 60}}))
 
 
 # --- the load of the phase -----------------------------------------------------------------
@@ -233,3 +245,100 @@ def test_a_chaos_spec_round_trips_in_the_api_shape() -> None:
             "retransmitMilliseconds": 200,
         }
     }
+
+
+# --- the restart ---------------------------------------------------------------------------
+
+
+class _Evictions:
+    """Stands in for the Eviction API (bench/restart.py, run for real in
+    e2e/test_benchmark.py): records each call, and answers as told."""
+
+    def __init__(self, outcome: str = "pod svc-b evicted") -> None:
+        self.calls: list[tuple[tuple[str, ...], str, float]] = []
+        self.outcome = outcome
+
+    async def __call__(self, pods: Sequence[str], namespace: str, at_s: float) -> Eviction:
+        self.calls.append((tuple(pods), namespace, at_s))
+        return Eviction("svc-b", at_s, self.outcome)
+
+
+def _run(server_url: str, spec: dict[str, Any], evictor: _Evictions, **options: Any) -> Any:
+    return timing.run(
+        run_benchmark(
+            InferenceBenchmarkSpec.model_validate(spec),
+            RunOptions(endpoint=server_url, model="fake-model", **options),
+            evictor=evictor,
+        )
+    )
+
+
+def test_a_restart_evicts_a_pod_mid_run_after_every_other_perturbation(
+    fake_server: ServerFactory,
+) -> None:
+    server = fake_server(Config(ttft=Delay(value=0.01), itl=Delay(value=0.005)))
+    spec = _spec(
+        arrival={"process": "Constant", "ratePerSecond": 20},
+        requests=20,
+        chaos={
+            "ratePerSecond": 20,
+            "restart": {"afterSeconds": 0.3},
+            "network": {"delayMilliseconds": 5},
+        },
+    )
+    evictions = _Evictions()
+    result = _run(
+        server.url,
+        spec,
+        evictions,
+        restart_pods=("svc-a", "svc-b"),
+        restart_namespace="team",
+    )
+    network, restart = result.chaos
+    assert network.perturbation.startswith("network ")
+    assert restart.perturbation == "restart: pod svc-b evicted"
+    ((pods, namespace, at_s),) = evictions.calls
+    assert pods == ("svc-a", "svc-b") and namespace == "team"
+    # 20 requests at 20 req/s: the run lasts about a second, the eviction 0.3 s into it.
+    assert 0.3 <= at_s < 0.6
+    assert restart.perturbed.stats.completed == 20
+    assert "errors 0 -> 0" in restart.verdict
+
+
+def test_a_run_that_ends_before_the_restart_is_due_says_so_and_evicts_nothing(
+    fake_server: ServerFactory,
+) -> None:
+    server = fake_server(Config(ttft=Delay(value=0.01), itl=Delay(value=0.005)))
+    spec = _spec(requests=4, chaos={"ratePerSecond": 20, "restart": {"afterSeconds": 30}})
+    evictions = _Evictions()
+    result = _run(server.url, spec, evictions, restart_pods=("svc-a",))
+    (restart,) = result.chaos
+    assert evictions.calls == []
+    assert restart.perturbation.startswith("restart: no pod evicted: the run ended ")
+    assert restart.perturbation.endswith("before the eviction was due at 30 s")
+
+
+def test_a_restart_without_pods_to_evict_fails_before_any_level(
+    fake_server: ServerFactory,
+) -> None:
+    server = fake_server(Config())
+    spec = _spec(chaos={"ratePerSecond": 20, "restart": {}})
+    with pytest.raises(BenchmarkError, match=r"spec.chaos.restart: no pod to evict"):
+        _run(server.url, spec, _Evictions())
+    assert server.take_stats()["requests"] == 0
+
+
+def test_the_restart_flags_reach_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[str, Any] = {}
+
+    async def fake_run(spec: Any, options: RunOptions, *args: Any, **kwargs: Any) -> Any:
+        seen["options"] = options
+        raise BenchmarkError("stop here")
+
+    monkeypatch.setattr("vllm_operator.bench.run.run_benchmark", fake_run)
+    path = _spec_file(tmp_path, _spec(chaos={"ratePerSecond": 5, "restart": {}}))
+    argv = ["--spec-file", str(path), "--endpoint", "http://127.0.0.1:9", "--no-progress"]
+    argv += ["--restart-pod", "a", "--restart-pod", "b", "--restart-namespace", "team"]
+    assert main([*argv, "--output-dir", str(tmp_path / "out")]) == EXIT_FAILED
+    assert seen["options"].restart_pods == ("a", "b")
+    assert seen["options"].restart_namespace == "team"

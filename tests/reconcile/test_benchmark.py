@@ -391,3 +391,87 @@ async def test_a_finished_load_job_holds_no_lock() -> None:
     job["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
     api.put(job)
     assert await active_lock(api, isvc) is None
+
+
+def _server_pod(name: str, ip: str, *, ready: bool = True, **meta: Any) -> dict[str, Any]:
+    from vllm_operator.models import InferenceService
+    from vllm_operator.render.meta import selector_labels
+
+    labels = selector_labels(InferenceService.model_validate(BASE))
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "team-a",
+            "labels": {**labels, **meta.pop("labels", {})},
+            **meta,
+        },
+        "status": {
+            "podIP": ip,
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }
+
+
+def _servers(api: RecordingCluster) -> None:
+    api.put(_server_pod("chat-b", "10.1.0.2"))
+    api.put(_server_pod("chat-a", "10.1.0.1"))
+    api.put(_server_pod("chat-c", "10.1.0.3", ready=False))
+    api.put(_server_pod("chat-d", "10.1.0.4", deletionTimestamp="2026-11-29T11:59:00Z"))
+    # A LeaderWorkerSet's worker serves no API.
+    api.put(
+        _server_pod(
+            "chat-a-1", "10.1.0.5", labels={"leaderworkerset.sigs.k8s.io/worker-index": "1"}
+        )
+    )
+
+
+def _load_args(api: RecordingCluster) -> list[str]:
+    job = api.objects[("batch/v1", "Job", "team-a", "load-load")]
+    args: list[str] = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    return args
+
+
+def _values(args: list[str], flag: str) -> list[str]:
+    return [args[i + 1] for i, a in enumerate(args) if a == flag]
+
+
+async def test_the_load_job_reads_the_metrics_of_each_ready_server() -> None:
+    api = RecordingCluster()
+    api.put(BENCH)
+    api.put(_target(ready=True))
+    _servers(api)
+    await _run(api)
+    args = _load_args(api)
+    assert _values(args, "--metrics-url") == [
+        "http://10.1.0.1:8000/metrics",
+        "http://10.1.0.2:8000/metrics",
+    ]
+    # No restart asked for: the Job may evict nothing.
+    assert "--restart-pod" not in args
+    role = api.objects[("rbac.authorization.k8s.io/v1", "Role", "team-a", "load-load")]
+    assert [r["resources"] for r in role["rules"]] == [["configmaps"]]
+
+
+async def test_a_chaos_restart_lets_the_load_job_evict_only_the_ready_servers() -> None:
+    api = RecordingCluster()
+    bench = copy.deepcopy(BENCH)
+    bench["spec"]["chaos"] = {"ratePerSecond": 2, "restart": {"afterSeconds": 10}}
+    api.put(bench)
+    api.put(_target(ready=True))
+    _servers(api)
+    await _run(api)
+    args = _load_args(api)
+    assert _values(args, "--restart-pod") == ["chat-a", "chat-b"]
+    assert _values(args, "--restart-namespace") == ["team-a"]
+    role = api.objects[("rbac.authorization.k8s.io/v1", "Role", "team-a", "load-load")]
+    assert role["rules"][1] == {
+        "apiGroups": [""],
+        "resources": ["pods/eviction"],
+        "resourceNames": ["chat-a", "chat-b"],
+        "verbs": ["create"],
+    }
+    job = api.objects[("batch/v1", "Job", "team-a", "load-load")]
+    # One level and the chaos phase's two runs, 30 s each, twice over plus 600 s.
+    assert job["spec"]["activeDeadlineSeconds"] == 3 * 30 * 2 + 600

@@ -394,6 +394,23 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         metavar="SECONDS",
         help=f"seconds between reads (default {DEFAULT_METRICS_INTERVAL_S:g})",
     )
+    restart = parser.add_argument_group(
+        "chaos restart",
+        "the pods spec.chaos.restart may evict, through the Eviction API (bench/restart.py; "
+        "credentials as for --results-config-map)",
+    )
+    restart.add_argument(
+        "--restart-pod",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a pod of the target; the first the API evicts is the one; repeat for several",
+    )
+    restart.add_argument(
+        "--restart-namespace",
+        metavar="NS",
+        help="namespace of --restart-pod (default: the ServiceAccount's, else default)",
+    )
     parser.set_defaults(func=_cmd_bench)
     return parser
 
@@ -752,6 +769,8 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         headers=headers,
         metrics_urls=metrics_urls,
         metrics_interval_s=args.metrics_interval,
+        restart_pods=tuple(args.restart_pod),
+        restart_namespace=args.restart_namespace or _service_account_namespace(),
     )
     inputs = RunInputs(dataset=dataset, trace=trace)
     reporter = ConsoleReporter(console, progress=not args.no_progress)

@@ -27,7 +27,7 @@ import logging
 import platform
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Protocol
@@ -43,6 +43,7 @@ from vllm_operator.bench.client import (
 from vllm_operator.bench.netfault import FaultProxy, Impairment, relayed_address
 from vllm_operator.bench.records import Load, RequestRecord
 from vllm_operator.bench.resources import DEFAULT_INTERVAL_S as DEFAULT_METRICS_INTERVAL_S
+from vllm_operator.bench.restart import Eviction, evict_one
 from vllm_operator.bench.result import (
     DEFAULT_TARGET_ATTAINMENT,
     BenchmarkResult,
@@ -104,6 +105,17 @@ class RunOptions:
     # a DCGM exporter's; none, none read.
     metrics_urls: tuple[str, ...] = ()
     metrics_interval_s: float = DEFAULT_METRICS_INTERVAL_S
+    # The chaos phase's restart: the pods it may evict, first that goes (bench.restart).
+    restart_pods: tuple[str, ...] = ()
+    restart_namespace: str = "default"
+
+
+# Evicts the first of the pods (in the namespace) that goes, ``at_s`` into the run.
+Evictor = Callable[[Sequence[str], str, float], Awaitable[Eviction]]
+
+
+async def _evict(pods: Sequence[str], namespace: str, at_s: float) -> Eviction:
+    return await evict_one(pods, namespace, at_s=at_s)
 
 
 @dataclass(frozen=True)
@@ -287,6 +299,7 @@ async def run_benchmark(
     options: RunOptions,
     inputs: RunInputs | None = None,
     reporter: Reporter | None = None,
+    evictor: Evictor = _evict,
 ) -> BenchmarkResult:
     """Run every level of ``spec`` against ``options.endpoint``; see the module docstring.
 
@@ -305,6 +318,10 @@ async def run_benchmark(
             relayed_address(endpoint)
         except ValueError as exc:
             raise BenchmarkError(f"spec.chaos.network: {exc}") from None
+    if spec.chaos is not None and spec.chaos.restart is not None and not options.restart_pods:
+        raise BenchmarkError(
+            "spec.chaos.restart: no pod to evict; name the target's pods (--restart-pod)"
+        )
     model = options.model or await _discover_model(endpoint)
     tokenizer, tokenizer_kind = await asyncio.to_thread(
         choose_tokenizer, endpoint, model, options.tokenizer
@@ -400,6 +417,33 @@ async def run_benchmark(
                 reporter.level_finished(stats)
             return LevelOutcome(recording, stats, passed(stats, attainment), resources)
 
+        async def restarted(load: Load, label: str, after_s: float) -> tuple[LevelOutcome, str]:
+            """A run of ``load`` during which one target pod is evicted ``after_s`` in."""
+            began = time.monotonic()
+            due = asyncio.Event()
+
+            async def evict_later() -> Eviction:
+                await asyncio.sleep(after_s)
+                due.set()
+                at_s = time.monotonic() - began
+                return await evictor(options.restart_pods, options.restart_namespace, at_s)
+
+            task = asyncio.create_task(evict_later())
+            try:
+                outcome = await measure(client, load, label)
+            finally:
+                if not due.is_set():
+                    task.cancel()
+            if not due.is_set():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                return outcome, (
+                    f"restart: no pod evicted: the run ended {time.monotonic() - began:.3g} s "
+                    f"in, before the eviction was due at {after_s:g} s"
+                )
+            # An eviction under way when the run ended is let finish: it was due.
+            return outcome, f"restart: {(await task).outcome}"
+
         if spec.mode == "Search":
             assert spec.search is not None
             s = spec.search
@@ -419,18 +463,23 @@ async def run_benchmark(
             rate, chaos_note = chaos_rate(spec, outcomes, search.best if search else None)
             if rate is not None:
                 load = rated(rate)
-                for n, (what, impairment) in enumerate(perturbations(spec.chaos, spec.seed)):
+                for n, p in enumerate(perturbations(spec.chaos, spec.seed)):
                     baseline = await measure(client, load, f"chaos{n}-base")
-                    async with (
-                        FaultProxy(endpoint, impairment) as proxy,
-                        LoadClient(
-                            dataclasses.replace(target, endpoint=proxy.url),
-                            max_in_flight=options.max_in_flight,
-                            max_connections=options.max_connections,
-                            run_id=options.run_id,
-                        ) as faulty,
-                    ):
-                        perturbed = await measure(faulty, load, f"chaos{n}-{what.split()[0]}")
+                    if p.impairment is not None:
+                        what = p.what
+                        async with (
+                            FaultProxy(endpoint, p.impairment) as proxy,
+                            LoadClient(
+                                dataclasses.replace(target, endpoint=proxy.url),
+                                max_in_flight=options.max_in_flight,
+                                max_connections=options.max_connections,
+                                run_id=options.run_id,
+                            ) as faulty,
+                        ):
+                            perturbed = await measure(faulty, load, f"chaos{n}-{p.kind}")
+                    else:
+                        assert p.after_s is not None
+                        perturbed, what = await restarted(load, f"chaos{n}-{p.kind}", p.after_s)
                     chaos.append(
                         ChaosOutcome(
                             what,
@@ -494,8 +543,20 @@ def chaos_rate(
     )
 
 
-def perturbations(chaos: ChaosSpec, seed: int) -> list[tuple[str, Impairment]]:
-    """Each perturbation of the phase, in words and as the relay's impairment."""
+@dataclass(frozen=True)
+class Perturbation:
+    """One perturbation of the chaos phase: a network impairment, or a restart."""
+
+    kind: str
+    what: str
+    impairment: Impairment | None = None
+    # restart: seconds into the run at which a pod is evicted
+    after_s: float | None = None
+
+
+def perturbations(chaos: ChaosSpec, seed: int) -> list[Perturbation]:
+    """Each perturbation of the phase, the restart last: the pod it evicts is replaced
+    after the run, so nothing may run after it."""
     out = []
     if chaos.network is not None:
         net = chaos.network
@@ -503,7 +564,10 @@ def perturbations(chaos: ChaosSpec, seed: int) -> list[tuple[str, Impairment]]:
             net.delay_milliseconds, net.jitter_milliseconds, net.loss,
             net.retransmit_milliseconds, seed,
         )  # fmt: skip
-        out.append((f"network {impairment.describe()}", impairment))
+        out.append(Perturbation("network", f"network {impairment.describe()}", impairment))
+    if chaos.restart is not None:
+        after = chaos.restart.after_seconds
+        out.append(Perturbation("restart", f"restart: a pod evicted {after:g} s in", None, after))
     return out
 
 

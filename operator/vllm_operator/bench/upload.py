@@ -33,7 +33,8 @@ class UploadError(Exception):
     """The results could not be written to the ConfigMap."""
 
 
-async def _api_client() -> Any:
+async def api_client() -> Any:
+    """A Kubernetes API client: in-cluster credentials, else the kubeconfig."""
     from kubernetes_asyncio import client, config
 
     configuration = client.Configuration()
@@ -58,7 +59,7 @@ async def upload(results: dict[str, Any], *, name: str, namespace: str) -> Packe
     except ValueError as exc:
         raise UploadError(str(exc)) from exc
     try:
-        api = await _api_client()
+        api = await api_client()
     except (config.ConfigException, OSError) as exc:
         raise UploadError(f"no credentials for the Kubernetes API: {exc}") from exc
     async with api:

@@ -243,6 +243,27 @@ class NetworkFaultSpec(ApiModel):
         return self
 
 
+DEFAULT_RESTART_AFTER_SECONDS = 5.0
+
+
+class RestartFaultSpec(ApiModel):
+    """One of the target's Ready pods evicted during the run, as a node drain evicts it.
+
+    The load Job evicts it itself (the Eviction API, so the target's PodDisruptionBudget
+    applies), allowed by its Role to evict exactly the pods that were Ready when the
+    benchmark started. The Deployment replaces the pod; the run measures the errors and the
+    tail meanwhile. It is the last perturbation of the phase.
+    """
+
+    after_seconds: float = Field(
+        default=DEFAULT_RESTART_AFTER_SECONDS,
+        ge=0,
+        le=86400,
+        description="How long into the perturbed run the pod is evicted (default 5). Below "
+        "durationSeconds when that is set.",
+    )
+
+
 class ChaosSpec(ApiModel):
     """A phase after the levels: the same load run plain, then under each perturbation."""
 
@@ -262,6 +283,11 @@ class ChaosSpec(ApiModel):
     network: NetworkFaultSpec | None = Field(
         default=None, description="Latency, jitter and loss between the client and the target."
     )
+    restart: RestartFaultSpec | None = Field(
+        default=None,
+        description="Evict one of the target's pods mid-run and measure the errors and the "
+        "tail while it is replaced.",
+    )
 
     model_config = cel_rules(
         {
@@ -270,8 +296,8 @@ class ChaosSpec(ApiModel):
             "fieldPath": ".kneeFraction",
         },
         {
-            "rule": "has(self.network)",
-            "message": "chaos needs a perturbation: network",
+            "rule": "has(self.network) || has(self.restart)",
+            "message": "chaos needs a perturbation: network or restart",
             "fieldPath": ".network",
             "reason": "FieldValueRequired",
         },
@@ -281,8 +307,8 @@ class ChaosSpec(ApiModel):
     def _valid(self) -> Self:
         if self.rate_per_second is not None and self.knee_fraction is not None:
             raise ValueError("chaos: set ratePerSecond or kneeFraction, not both")
-        if self.network is None:
-            raise ValueError("chaos needs a perturbation: network")
+        if self.network is None and self.restart is None:
+            raise ValueError("chaos needs a perturbation: network or restart")
         return self
 
 
@@ -359,6 +385,14 @@ class InferenceBenchmarkSpec(ApiModel):
             "reason": "FieldValueRequired",
         },
         {
+            "rule": "!has(self.chaos) || !has(self.chaos.restart) || "
+            "!has(self.durationSeconds) || "
+            "self.chaos.restart.afterSeconds < double(self.durationSeconds)",
+            "message": "chaos.restart.afterSeconds must be below durationSeconds: the pod is "
+            "evicted during the run",
+            "fieldPath": ".chaos.restart.afterSeconds",
+        },
+        {
             "rule": "self == oldSelf",
             "message": "spec is immutable; create a new InferenceBenchmark",
         },
@@ -380,6 +414,16 @@ class InferenceBenchmarkSpec(ApiModel):
                 slo.ttft_p99_milliseconds or slo.tpot_p99_milliseconds or slo.e2e_p99_milliseconds
             ):
                 raise ValueError("mode Search needs at least one target in slo")
+        restart = self.chaos.restart if self.chaos is not None else None
+        if (
+            restart is not None
+            and self.duration_seconds is not None
+            and restart.after_seconds >= self.duration_seconds
+        ):
+            raise ValueError(
+                "chaos.restart.afterSeconds must be below durationSeconds: the pod is evicted "
+                "during the run"
+            )
         return self
 
 

@@ -34,6 +34,7 @@ from vllm_operator.models import InferenceBenchmark, InferenceBenchmarkStatus, I
 from vllm_operator.models.base import Condition, ConfigMapKeyReference, Manifest
 from vllm_operator.models.inference_benchmark import REASON_TOO_MANY_REQUEST_ERRORS
 from vllm_operator.models.inference_service import BenchmarkSummary
+from vllm_operator.reconcile.conditions import pod_condition
 from vllm_operator.reconcile.jobs import job_report, job_state
 from vllm_operator.reconcile.phases import phase_conditions, write_phase_status
 from vllm_operator.render.benchmark import (
@@ -47,6 +48,7 @@ from vllm_operator.render.benchmark import (
     results_config_map_name,
 )
 from vllm_operator.render.deployment import served_model_name
+from vllm_operator.render.meta import SERVER_PORT, selector_string
 from vllm_operator.render.service import endpoint_url
 from vllm_operator.settings import OperatorSettings
 
@@ -231,11 +233,19 @@ async def reconcile_inference_benchmark(
         if missing is not None:
             await _write(api, body, bench, status("Pending", *missing))
             return "Pending"
+        servers = serving_target_pods(
+            await api.list("v1", "Pod", ns, label_selector=selector_string(target))
+        )
+        restart_pods = (
+            [p["metadata"]["name"] for p in servers]
+            if bench.spec.chaos and bench.spec.chaos.restart
+            else []
+        )
         for child in (
             build_spec_config_map(bench),
             build_results_config_map(bench),
             build_load_service_account(bench),
-            build_load_role(bench),
+            build_load_role(bench, restart_pods),
             build_load_role_binding(bench),
         ):
             await api.apply(child)
@@ -246,6 +256,11 @@ async def reconcile_inference_benchmark(
                 resources=settings.load_resources.to_wire(),
                 endpoint=endpoint_url(target).removesuffix("/v1"),
                 model=bench.spec.adapter or served_model_name(target),
+                metrics_urls=[
+                    f"http://{p['status']['podIP']}:{SERVER_PORT}/metrics"
+                    for p in servers[:MAX_METRICS_PODS]
+                ],
+                restart_pods=restart_pods,
             )
         )
     state = job_state(job)
@@ -333,6 +348,30 @@ async def reconcile_inference_benchmark(
         ),
     )
     return "Failed"
+
+
+# The load Job reads at most this many servers' /metrics (one read a second each): more
+# would take the load generator's CPU from the load.
+MAX_METRICS_PODS: Final = 16
+# LeaderWorkerSet's label of a pod's place in its group; the leader (0) serves the API.
+LWS_WORKER_INDEX: Final = "leaderworkerset.sigs.k8s.io/worker-index"
+
+
+def serving_target_pods(pods: list[Manifest]) -> list[Manifest]:
+    """The target's pods that serve the API now (Ready, not going, the leader of a
+    group), by name: the servers whose /metrics the load Job reads, and the pods a chaos
+    restart may evict."""
+    return sorted(
+        (
+            p
+            for p in pods
+            if not p["metadata"].get("deletionTimestamp")
+            and p.get("status", {}).get("podIP")
+            and pod_condition(p, "Ready")
+            and p["metadata"].get("labels", {}).get(LWS_WORKER_INDEX, "0") == "0"
+        ),
+        key=lambda p: str(p["metadata"]["name"]),
+    )
 
 
 def _measured(report: dict[str, Any]) -> InferenceBenchmarkStatus:

@@ -17,6 +17,7 @@ and named after it, so they go with it.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Final
 
 from vllm_operator.constants import (
@@ -111,20 +112,31 @@ def build_load_service_account(bench: InferenceBenchmark) -> Manifest:
     }
 
 
-def build_load_role(bench: InferenceBenchmark) -> Manifest:
-    """The load Job may read and write its results ConfigMap, and nothing else."""
+def build_load_role(bench: InferenceBenchmark, restart_pods: Sequence[str] = ()) -> Manifest:
+    """The load Job may read and write its results ConfigMap; for a chaos restart, evict
+    the ``restart_pods`` (by name: it cannot list, read or delete pods); nothing else."""
+    rules: list[Manifest] = [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": [results_config_map_name(bench)],
+            "verbs": ["get", "update", "patch"],
+        }
+    ]
+    if restart_pods:
+        rules.append(
+            {
+                "apiGroups": [""],
+                "resources": ["pods/eviction"],
+                "resourceNames": sorted(restart_pods),
+                "verbs": ["create"],
+            }
+        )
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
         "metadata": _meta(bench, load_identity_name(bench), "benchmark-load"),
-        "rules": [
-            {
-                "apiGroups": [""],
-                "resources": ["configmaps"],
-                "resourceNames": [results_config_map_name(bench)],
-                "verbs": ["get", "update", "patch"],
-            }
-        ],
+        "rules": rules,
     }
 
 
@@ -165,16 +177,36 @@ def _inputs(bench: InferenceBenchmark) -> tuple[list[str], list[Manifest], list[
 
 
 def build_load_job(
-    bench: InferenceBenchmark, *, image: str, resources: Manifest, endpoint: str, model: str
+    bench: InferenceBenchmark,
+    *,
+    image: str,
+    resources: Manifest,
+    endpoint: str,
+    model: str,
+    metrics_urls: Sequence[str] = (),
+    restart_pods: Sequence[str] = (),
 ) -> Manifest:
     """The Job that sends the load; it reports the headline results as its termination
     message and writes every request into the results ConfigMap. ``resources`` are its
-    container's (the operator's setting)."""
-    seconds = (bench.spec.duration_seconds or 600) * (
-        max(len(bench.spec.sweep.rates_per_second), len(bench.spec.sweep.concurrencies), 1)
-        if bench.spec.sweep
-        else (bench.spec.search.max_probes if bench.spec.search else 1)
+    container's (the operator's setting); ``metrics_urls`` the target pods' /metrics it
+    reads through every level; ``restart_pods`` the pods a chaos restart may evict."""
+    spec = bench.spec
+    levels = (
+        max(len(spec.sweep.rates_per_second), len(spec.sweep.concurrencies), 1)
+        if spec.sweep
+        else (spec.search.max_probes if spec.search else 1)
     )
+    if spec.chaos is not None:
+        # A plain run and a perturbed one per perturbation.
+        levels += 2 * sum(p is not None for p in (spec.chaos.network, spec.chaos.restart))
+    seconds = (spec.duration_seconds or 600) * levels
+    extra: list[str] = []
+    for url in metrics_urls:
+        extra += ["--metrics-url", url]
+    if restart_pods:
+        for pod in restart_pods:
+            extra += ["--restart-pod", pod]
+        extra += ["--restart-namespace", str(bench.metadata.namespace)]
     input_args, input_mounts, input_volumes = _inputs(bench)
     container = {
         "name": "load",
@@ -197,6 +229,7 @@ def build_load_job(
             "--results-namespace",
             str(bench.metadata.namespace),
             *input_args,
+            *extra,
         ],
         "volumeMounts": [
             {"name": "spec", "mountPath": SPEC_MOUNT, "readOnly": True},
