@@ -87,6 +87,7 @@ _COMPONENTS = (
     ("agent", "vllm_operator.agent.cli"),
     ("warmup", "vllm_operator.warmup.cli"),
     ("bench", "vllm_operator.bench.cli"),
+    ("noisy-neighbour", "vllm_operator.bench.neighbour"),
     ("download", "vllm_operator.download.cli"),
 )
 

@@ -64,7 +64,7 @@ def _spec_file(tmp_path: Path, spec: dict[str, Any]) -> Path:
 @pytest.mark.parametrize(
     ("chaos", "words"),
     [
-        ({}, "chaos needs a perturbation: network or restart"),
+        ({}, "chaos needs a perturbation: network, noisyNeighbour or restart"),
         ({"restart": {"afterSeconds": -1}}, "greater than or equal to 0"),
         ({"network": {}}, "set delayMilliseconds, jitterMilliseconds or loss"),
         ({"network": {"loss": 1}}, "less than 1"),

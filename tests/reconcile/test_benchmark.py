@@ -407,6 +407,7 @@ def _server_pod(name: str, ip: str, *, ready: bool = True, **meta: Any) -> dict[
             "labels": {**labels, **meta.pop("labels", {})},
             **meta,
         },
+        "spec": {"nodeName": f"node-{name[-1]}", "tolerations": [{"operator": "Exists"}]},
         "status": {
             "podIP": ip,
             "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
@@ -474,4 +475,32 @@ async def test_a_chaos_restart_lets_the_load_job_evict_only_the_ready_servers() 
     }
     job = api.objects[("batch/v1", "Job", "team-a", "load-load")]
     # One level and the chaos phase's two runs, 30 s each, twice over plus 600 s.
+    assert job["spec"]["activeDeadlineSeconds"] == 3 * 30 * 2 + 600
+
+
+async def test_a_noisy_neighbour_lands_beside_the_first_ready_server() -> None:
+    api = RecordingCluster()
+    bench = copy.deepcopy(BENCH)
+    bench["spec"]["chaos"] = {"ratePerSecond": 2, "noisyNeighbour": {"cpuShare": 0.5}}
+    api.put(bench)
+    api.put(_target(ready=True))
+    _servers(api)
+    await _run(api)
+    jobs = [name for verb, kind, name in api.calls if verb == "apply" and kind == "Job"]
+    # It is there before the load Job that orders it.
+    assert jobs == ["load-neighbour", "load-load"]
+    job = api.objects[("batch/v1", "Job", "team-a", "load-neighbour")]
+    pod = job["spec"]["template"]["spec"]
+    assert pod["nodeName"] == "node-a" and pod["tolerations"] == [{"operator": "Exists"}]
+    assert pod["serviceAccountName"] == "load-load"  # the results ConfigMap, and no more
+    (container,) = pod["containers"]
+    assert container["command"] == ["vllm-operator", "noisy-neighbour"]
+    assert "resources" not in container  # BestEffort, as a rogue process is
+    args = container["args"]
+    assert args[args.index("--cpu-share") + 1] == "0.5"
+    assert args[args.index("--config-map") + 1] == "load-results"
+    load = _load_args(api)
+    assert _values(load, "--neighbour-config-map") == ["load-results"]
+    # The neighbour is no scale-down lock: only the load Job is.
+    assert "inference.vllm-operator.dev/scale-down-lock" not in job["metadata"]["labels"]
     assert job["spec"]["activeDeadlineSeconds"] == 3 * 30 * 2 + 600

@@ -411,6 +411,17 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         metavar="NS",
         help="namespace of --restart-pod (default: the ServiceAccount's, else default)",
     )
+    neighbour = parser.add_argument_group(
+        "chaos noisy neighbour",
+        "the ConfigMap through which spec.chaos.noisyNeighbour's neighbour takes its orders "
+        "(bench/neighbour.py; credentials as for --results-config-map)",
+    )
+    neighbour.add_argument("--neighbour-config-map", metavar="NAME", help="its ConfigMap")
+    neighbour.add_argument(
+        "--neighbour-namespace",
+        metavar="NS",
+        help="its namespace (default: the ServiceAccount's, else default)",
+    )
     parser.set_defaults(func=_cmd_bench)
     return parser
 
@@ -771,6 +782,8 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         metrics_interval_s=args.metrics_interval,
         restart_pods=tuple(args.restart_pod),
         restart_namespace=args.restart_namespace or _service_account_namespace(),
+        neighbour_config_map=args.neighbour_config_map,
+        neighbour_namespace=args.neighbour_namespace or _service_account_namespace(),
     )
     inputs = RunInputs(dataset=dataset, trace=trace)
     reporter = ConsoleReporter(console, progress=not args.no_progress)

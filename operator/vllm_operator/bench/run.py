@@ -40,6 +40,13 @@ from vllm_operator.bench.client import (
     Target,
     server_root,
 )
+from vllm_operator.bench.neighbour import (
+    Board,
+    ConfigMapBoard,
+    NeighbourState,
+    start_burn,
+)
+from vllm_operator.bench.neighbour import order as neighbour_order
 from vllm_operator.bench.netfault import FaultProxy, Impairment, relayed_address
 from vllm_operator.bench.records import Load, RequestRecord
 from vllm_operator.bench.resources import DEFAULT_INTERVAL_S as DEFAULT_METRICS_INTERVAL_S
@@ -108,6 +115,9 @@ class RunOptions:
     # The chaos phase's restart: the pods it may evict, first that goes (bench.restart).
     restart_pods: tuple[str, ...] = ()
     restart_namespace: str = "default"
+    # The chaos phase's noisy neighbour: the ConfigMap it takes orders from (bench.neighbour).
+    neighbour_config_map: str | None = None
+    neighbour_namespace: str = "default"
 
 
 # Evicts the first of the pods (in the namespace) that goes, ``at_s`` into the run.
@@ -300,6 +310,7 @@ async def run_benchmark(
     inputs: RunInputs | None = None,
     reporter: Reporter | None = None,
     evictor: Evictor = _evict,
+    neighbour_board: Board | None = None,
 ) -> BenchmarkResult:
     """Run every level of ``spec`` against ``options.endpoint``; see the module docstring.
 
@@ -321,6 +332,16 @@ async def run_benchmark(
     if spec.chaos is not None and spec.chaos.restart is not None and not options.restart_pods:
         raise BenchmarkError(
             "spec.chaos.restart: no pod to evict; name the target's pods (--restart-pod)"
+        )
+    if (
+        spec.chaos is not None
+        and spec.chaos.noisy_neighbour is not None
+        and neighbour_board is None
+        and not options.neighbour_config_map
+    ):
+        raise BenchmarkError(
+            "spec.chaos.noisyNeighbour: no neighbour to order; name its ConfigMap "
+            "(--neighbour-config-map)"
         )
     model = options.model or await _discover_model(endpoint)
     tokenizer, tokenizer_kind = await asyncio.to_thread(
@@ -360,6 +381,15 @@ async def run_benchmark(
             if options.metrics_urls
             else None
         )
+        board = neighbour_board
+        if board is None and spec.chaos is not None and spec.chaos.noisy_neighbour is not None:
+            assert options.neighbour_config_map is not None
+            board = await stack.enter_async_context(
+                ConfigMapBoard(options.neighbour_config_map, options.neighbour_namespace)
+            )
+        if board is not None:
+            # However the run ends, the neighbour stops (bench.neighbour).
+            stack.push_async_callback(_dismiss, board)
         if options.preflight:
             first = (await prompts.take(1))[0]
             probe = RequestPlan(
@@ -416,6 +446,27 @@ async def run_benchmark(
             if reporter is not None:
                 reporter.level_finished(stats)
             return LevelOutcome(recording, stats, passed(stats, attainment), resources)
+
+        async def beside_neighbour(
+            board: Board, load: Load, label: str
+        ) -> tuple[LevelOutcome, str]:
+            """A run of ``load`` while the neighbour burns (bench.neighbour)."""
+            seconds = _expected_seconds(spec, load) + NEIGHBOUR_MARGIN_S
+            try:
+                got: NeighbourState | str = await start_burn(board, seconds=seconds)
+            except Exception as exc:
+                got = f"its orders could not be written: {exc}"
+            what = (
+                f"noisy neighbour: {got.cpus} CPU{'s' if got.cpus != 1 else ''} burnt on "
+                f"node {got.node}"
+                if isinstance(got, NeighbourState)
+                else f"noisy neighbour: not burning: {got}"
+            )
+            try:
+                return await measure(client, load, label), what
+            finally:
+                with contextlib.suppress(Exception):
+                    await neighbour_order(board, burn=False)
 
         async def restarted(load: Load, label: str, after_s: float) -> tuple[LevelOutcome, str]:
             """A run of ``load`` during which one target pod is evicted ``after_s`` in."""
@@ -477,6 +528,9 @@ async def run_benchmark(
                             ) as faulty,
                         ):
                             perturbed = await measure(faulty, load, f"chaos{n}-{p.kind}")
+                    elif p.kind == "neighbour":
+                        assert board is not None
+                        perturbed, what = await beside_neighbour(board, load, f"chaos{n}-{p.kind}")
                     else:
                         assert p.after_s is not None
                         perturbed, what = await restarted(load, f"chaos{n}-{p.kind}", p.after_s)
@@ -565,10 +619,34 @@ def perturbations(chaos: ChaosSpec, seed: int) -> list[Perturbation]:
             net.retransmit_milliseconds, seed,
         )  # fmt: skip
         out.append(Perturbation("network", f"network {impairment.describe()}", impairment))
+    if chaos.noisy_neighbour is not None:
+        share = chaos.noisy_neighbour.cpu_share
+        out.append(Perturbation("neighbour", f"noisy neighbour: {share:.0%} of a node's CPUs"))
     if chaos.restart is not None:
         after = chaos.restart.after_seconds
         out.append(Perturbation("restart", f"restart: a pod evicted {after:g} s in", None, after))
     return out
+
+
+# How long past a perturbed run's expected end the neighbour may still burn, were the
+# load Job to die without stopping it.
+NEIGHBOUR_MARGIN_S = 60.0
+
+
+def _expected_seconds(spec: InferenceBenchmarkSpec, load: Load) -> float:
+    """How long a run of ``load`` should last: its duration, else its requests at its rate."""
+    if spec.duration_seconds is not None:
+        return float(spec.duration_seconds)
+    if spec.requests is not None and load.rate_per_second:
+        return spec.requests / load.rate_per_second
+    return 600.0
+
+
+async def _dismiss(board: Board) -> None:
+    try:
+        await neighbour_order(board, burn=False, done=True)
+    except Exception as exc:
+        logger.warning("Could not dismiss the noisy neighbour: %s", exc)
 
 
 def _start_ticker(

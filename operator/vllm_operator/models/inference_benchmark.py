@@ -264,6 +264,26 @@ class RestartFaultSpec(ApiModel):
     )
 
 
+DEFAULT_NEIGHBOUR_CPU_SHARE = 0.3
+
+
+class NoisyNeighbourSpec(ApiModel):
+    """A pod on the node of one of the target's pods that burns CPUs through the run.
+
+    A Job of the operator image pinned to that node (``nodeName``), BestEffort as a rogue
+    process is, with one busy process per CPU it takes. It burns only while the load Job
+    says so (a key of the results ConfigMap), and stops by itself when the load Job stops
+    saying so (deleted, failed, or the operator down): see vllm_operator/bench/neighbour.py.
+    """
+
+    cpu_share: float = Field(
+        default=DEFAULT_NEIGHBOUR_CPU_SHARE,
+        gt=0,
+        le=1,
+        description="The share of the node's CPUs to burn (default 0.3), at least one CPU.",
+    )
+
+
 class ChaosSpec(ApiModel):
     """A phase after the levels: the same load run plain, then under each perturbation."""
 
@@ -283,6 +303,10 @@ class ChaosSpec(ApiModel):
     network: NetworkFaultSpec | None = Field(
         default=None, description="Latency, jitter and loss between the client and the target."
     )
+    noisy_neighbour: NoisyNeighbourSpec | None = Field(
+        default=None,
+        description="Burn a share of the CPUs of a target pod's node during the run.",
+    )
     restart: RestartFaultSpec | None = Field(
         default=None,
         description="Evict one of the target's pods mid-run and measure the errors and the "
@@ -296,8 +320,8 @@ class ChaosSpec(ApiModel):
             "fieldPath": ".kneeFraction",
         },
         {
-            "rule": "has(self.network) || has(self.restart)",
-            "message": "chaos needs a perturbation: network or restart",
+            "rule": "has(self.network) || has(self.noisyNeighbour) || has(self.restart)",
+            "message": "chaos needs a perturbation: network, noisyNeighbour or restart",
             "fieldPath": ".network",
             "reason": "FieldValueRequired",
         },
@@ -307,8 +331,8 @@ class ChaosSpec(ApiModel):
     def _valid(self) -> Self:
         if self.rate_per_second is not None and self.knee_fraction is not None:
             raise ValueError("chaos: set ratePerSecond or kneeFraction, not both")
-        if self.network is None and self.restart is None:
-            raise ValueError("chaos needs a perturbation: network or restart")
+        if self.network is None and self.noisy_neighbour is None and self.restart is None:
+            raise ValueError("chaos needs a perturbation: network, noisyNeighbour or restart")
         return self
 
 

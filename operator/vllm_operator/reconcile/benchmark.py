@@ -42,6 +42,7 @@ from vllm_operator.render.benchmark import (
     build_load_role,
     build_load_role_binding,
     build_load_service_account,
+    build_neighbour_job,
     build_results_config_map,
     build_spec_config_map,
     load_job_name,
@@ -249,6 +250,19 @@ async def reconcile_inference_benchmark(
             build_load_role_binding(bench),
         ):
             await api.apply(child)
+        chaos = bench.spec.chaos
+        if chaos is not None and chaos.noisy_neighbour is not None and servers:
+            beside = servers[0]
+            await api.apply(
+                build_neighbour_job(
+                    bench,
+                    image=settings.warmup_image,
+                    node={
+                        "name": beside["spec"]["nodeName"],
+                        "tolerations": beside["spec"].get("tolerations") or [],
+                    },
+                )
+            )
         job = await api.apply(
             build_load_job(
                 bench,
@@ -367,6 +381,7 @@ def serving_target_pods(pods: list[Manifest]) -> list[Manifest]:
             for p in pods
             if not p["metadata"].get("deletionTimestamp")
             and p.get("status", {}).get("podIP")
+            and p.get("spec", {}).get("nodeName")
             and pod_condition(p, "Ready")
             and p["metadata"].get("labels", {}).get(LWS_WORKER_INDEX, "0") == "0"
         ),

@@ -57,6 +57,10 @@ def results_config_map_name(bench: InferenceBenchmark) -> str:
     return f"{bench.metadata.name[:50]}-results"
 
 
+def neighbour_job_name(bench: InferenceBenchmark) -> str:
+    return f"{bench.metadata.name[:50]}-neighbour"
+
+
 def load_identity_name(bench: InferenceBenchmark) -> str:
     """The load Job's ServiceAccount, and its Role and RoleBinding."""
     return f"{bench.metadata.name[:50]}-load"
@@ -176,6 +180,79 @@ def _inputs(bench: InferenceBenchmark) -> tuple[list[str], list[Manifest], list[
     return args, mounts, volumes
 
 
+def load_deadline_seconds(bench: InferenceBenchmark) -> int:
+    """The load Job's ``activeDeadlineSeconds``: twice the levels' and the chaos runs'
+    expected time, and ten minutes."""
+    spec = bench.spec
+    levels = (
+        max(len(spec.sweep.rates_per_second), len(spec.sweep.concurrencies), 1)
+        if spec.sweep
+        else (spec.search.max_probes if spec.search else 1)
+    )
+    if spec.chaos is not None:
+        # A plain run and a perturbed one per perturbation.
+        chaos = spec.chaos
+        levels += 2 * sum(
+            p is not None for p in (chaos.network, chaos.noisy_neighbour, chaos.restart)
+        )
+    return int((spec.duration_seconds or 600) * levels * 2 + 600)
+
+
+def build_neighbour_job(bench: InferenceBenchmark, *, image: str, node: Manifest) -> Manifest:
+    """The chaos phase's noisy neighbour (vllm_operator/bench/neighbour.py): a pod on the
+    node ``node`` names (``{"name": ..., "tolerations": [...]}``, a target pod's), under the
+    load Job's account, BestEffort, burning CPUs only while the load Job orders it to."""
+    chaos = bench.spec.chaos
+    assert chaos is not None and chaos.noisy_neighbour is not None
+    deadline = load_deadline_seconds(bench)
+    labels = _labels(bench, "benchmark-neighbour")
+    container = {
+        "name": "neighbour",
+        "image": image,
+        "command": ["vllm-operator", "noisy-neighbour"],
+        "args": [
+            "--config-map",
+            results_config_map_name(bench),
+            "--namespace",
+            str(bench.metadata.namespace),
+            "--cpu-share",
+            f"{chaos.noisy_neighbour.cpu_share:g}",
+            "--deadline-seconds",
+            str(deadline),
+        ],
+        "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+        "securityContext": restricted_security_context(),
+    }
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": neighbour_job_name(bench),
+            "namespace": bench.metadata.namespace,
+            "labels": labels,
+            "ownerReferences": _owned_by_benchmark(bench),
+        },
+        "spec": {
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": deadline,
+            "ttlSecondsAfterFinished": JOB_TTL_SECONDS,
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "restartPolicy": "Never",
+                    # Beside the target pod: on its node, past the taints it tolerates.
+                    "nodeName": node["name"],
+                    "tolerations": node.get("tolerations") or [],
+                    "serviceAccountName": load_identity_name(bench),
+                    "automountServiceAccountToken": True,
+                    "enableServiceLinks": False,
+                    "containers": [container],
+                },
+            },
+        },
+    }
+
+
 def build_load_job(
     bench: InferenceBenchmark,
     *,
@@ -191,15 +268,6 @@ def build_load_job(
     container's (the operator's setting); ``metrics_urls`` the target pods' /metrics it
     reads through every level; ``restart_pods`` the pods a chaos restart may evict."""
     spec = bench.spec
-    levels = (
-        max(len(spec.sweep.rates_per_second), len(spec.sweep.concurrencies), 1)
-        if spec.sweep
-        else (spec.search.max_probes if spec.search else 1)
-    )
-    if spec.chaos is not None:
-        # A plain run and a perturbed one per perturbation.
-        levels += 2 * sum(p is not None for p in (spec.chaos.network, spec.chaos.restart))
-    seconds = (spec.duration_seconds or 600) * levels
     extra: list[str] = []
     for url in metrics_urls:
         extra += ["--metrics-url", url]
@@ -207,6 +275,9 @@ def build_load_job(
         for pod in restart_pods:
             extra += ["--restart-pod", pod]
         extra += ["--restart-namespace", str(bench.metadata.namespace)]
+    if spec.chaos is not None and spec.chaos.noisy_neighbour is not None:
+        extra += ["--neighbour-config-map", results_config_map_name(bench)]
+        extra += ["--neighbour-namespace", str(bench.metadata.namespace)]
     input_args, input_mounts, input_volumes = _inputs(bench)
     container = {
         "name": "load",
@@ -254,7 +325,7 @@ def build_load_job(
         "spec": {
             # A benchmark is not retried: a second run would measure something else.
             "backoffLimit": 0,
-            "activeDeadlineSeconds": int(seconds * 2 + 600),
+            "activeDeadlineSeconds": load_deadline_seconds(bench),
             "ttlSecondsAfterFinished": JOB_TTL_SECONDS,
             "template": {
                 "metadata": {"labels": labels},
