@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +39,17 @@ class Behaviour:
     models_status: int = 200
     max_model_len: int = 256
     output_tokens: int = 4
+    # CPU seconds of work before the first token (busy, in the serving thread: a server
+    # bound by its CPU, whose latency grows when something else takes the CPU).
+    cpu_seconds: float = 0.0
+
+
+def _busy(cpu_seconds: float) -> None:
+    """Spend ``cpu_seconds`` of this thread's CPU time: longer in wall time when the CPU
+    is shared."""
+    end = time.thread_time() + cpu_seconds
+    while time.thread_time() < end:
+        pass
 
 
 @dataclass
@@ -126,6 +138,8 @@ class FakeOpenAI:
                 status=self.behaviour.generate_status,
             )
         await asyncio.sleep(self.behaviour.ttft(index))
+        if self.behaviour.cpu_seconds:
+            _busy(self.behaviour.cpu_seconds)
         n = self.behaviour.output_tokens
         usage = {"prompt_tokens": len(str(text).split()), "completion_tokens": n}
         if not body.get("stream"):

@@ -310,3 +310,65 @@ def test_a_chaos_restart_evicts_a_server_mid_run_and_counts_the_errors(
     assert chaos["baseline"]["requests"] > 0 and chaos["perturbed"]["requests"] > 0
     assert isinstance(chaos["perturbed"].get("errored", 0), int)
     assert f"errors {chaos['baseline'].get('errored', 0)} -> " in chaos["verdict"]
+
+
+def test_a_noisy_neighbour_burns_beside_a_target_pod_only_through_its_run(
+    cluster: ClusterHandle, real_images: Images, target_ns: str
+) -> None:
+    """The neighbour Job lands on the node of the target's pod, burns every CPU of it
+    (with a small CPU request, so it competes as a tenant's pod would) only through the
+    perturbed run, and leaves when the load Job dismisses it."""
+    ns = target_ns
+    target = _isvc("svc", "cpu", real_images.fault_server, replicas=1,
+                   warmup={"enabled": False})  # fmt: skip
+    cluster.apply(target, namespace=ns)
+    wait_for(
+        lambda: condition(_get(cluster, ns, "vis", "svc"), "Ready").get("status") == "True",
+        "Ready",
+        timeout=120,
+    )
+    (server,) = _server_pods(cluster, ns).values()
+    node_name = server["spec"]["nodeName"]
+    node_cpus = int(cluster.kubectl_json("get", "node", node_name)["status"]["capacity"]["cpu"])
+    bench = _bench("noisy", "svc", 15)
+    bench["spec"]["arrival"] = {"process": "Constant", "ratePerSecond": 4}
+    bench["spec"]["chaos"] = {
+        "ratePerSecond": 4,
+        "noisyNeighbour": {"cpuShare": 1, "cpuRequest": "100m"},
+    }
+    cluster.apply(bench, namespace=ns)
+    wait_for(lambda: _phase(cluster, ns, "noisy") == "Running", "the benchmark", timeout=90)
+    pods = wait_for(
+        lambda: (_get(cluster, ns, "pods", "-l", "job-name=noisy-neighbour") or {}).get("items"),
+        "the neighbour's pod",
+        timeout=60,
+    )
+    assert pods[0]["spec"]["nodeName"] == node_name
+    wait_for(
+        lambda: _phase(cluster, ns, "noisy") in ("Succeeded", "Failed"),
+        "the benchmark to end",
+        timeout=300,
+    )
+    status = (_get(cluster, ns, "inferencebenchmark", "noisy") or {})["status"]
+    assert status["phase"] == "Succeeded", status
+    (chaos,) = status["chaos"]
+    base, hurt = chaos["baseline"], chaos["perturbed"]
+    print("noisy neighbour:", chaos["perturbation"], "|", chaos["verdict"])
+    for name, run in (("plain", base), ("neighbour", hurt)):
+        ttft = run["fromSend"]["ttft"]
+        print(f"{name}: TTFT p50 {ttft['p50']:.1f} p99 {ttft['p99']:.1f} ms, "
+              f"{run['requests']} requests")  # fmt: skip
+    cpus = f"{node_cpus} CPU{'s' if node_cpus != 1 else ''}"
+    assert chaos["perturbation"] == f"noisy neighbour: {cpus} burnt on node {node_name}"
+    # Dismissed at the end of the run, the neighbour exits and its Job completes.
+    wait_for(
+        lambda: (
+            condition(_get(cluster, ns, "job", "noisy-neighbour"), "Complete").get("status")
+            == "True"
+        ),
+        "the neighbour's Job to complete",
+        timeout=60,
+    )
+    board = (_get(cluster, ns, "configmap", "noisy-results") or {}).get("data", {})
+    assert '"burning": false' in board["chaos-neighbour-state"], board
+    assert '"done": true' in board["chaos-neighbour-order"], board

@@ -2,8 +2,9 @@
 
 It is the warmup tests' own fake server (devenv/fake_openai.py), listening where a
 pod's container would, in one of the modes below: ``fail`` (every generation answers 500),
-``slow`` (every generation waits before its first token, so a warmup takes a while) or
-``ok``. Two ways in:
+``slow`` (every generation waits before its first token, so a warmup takes a while),
+``cpu`` (every generation spends 50 ms of CPU before its first token, so its latency
+follows how much CPU it gets) or ``ok``. Two ways in:
 
 - ``python -m devenv.cluster.fault_server --host H --port P --mode M``, by hand;
 - ``vllm serve ARGS...`` of the fault-server image (devenv/images/fault-server) on the real
@@ -26,6 +27,8 @@ MODES = {
     "fail": Behaviour(generate_status=500),
     "slow": Behaviour(ttft=lambda _n: 0.4, max_model_len=2048),
     "ok": Behaviour(max_model_len=2048),
+    # 50 ms of CPU before each first token: latency that a noisy neighbour moves.
+    "cpu": Behaviour(cpu_seconds=0.05, max_model_len=2048),
 }
 MODE_ENV = "VLLM_FAULT_MODE"
 

@@ -478,6 +478,19 @@ async def test_a_chaos_restart_lets_the_load_job_evict_only_the_ready_servers() 
     assert job["spec"]["activeDeadlineSeconds"] == 3 * 30 * 2 + 600
 
 
+async def test_a_noisy_neighbour_with_a_cpu_request_competes_for_its_share() -> None:
+    api = RecordingCluster()
+    bench = copy.deepcopy(BENCH)
+    bench["spec"]["chaos"] = {"ratePerSecond": 2, "noisyNeighbour": {"cpuRequest": "500m"}}
+    api.put(bench)
+    api.put(_target(ready=True))
+    _servers(api)
+    await _run(api)
+    job = api.objects[("batch/v1", "Job", "team-a", "load-neighbour")]
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["resources"] == {"requests": {"cpu": "500m"}}
+
+
 async def test_a_noisy_neighbour_lands_beside_the_first_ready_server() -> None:
     api = RecordingCluster()
     bench = copy.deepcopy(BENCH)

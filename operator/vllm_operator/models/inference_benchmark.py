@@ -17,6 +17,7 @@ from vllm_operator.models.base import (
     Condition,
     ConfigMapKeyReference,
     LocalObjectReference,
+    ResourceQuantity,
     cel_rules,
 )
 from vllm_operator.models.inference_service import ObjectMeta
@@ -270,8 +271,8 @@ DEFAULT_NEIGHBOUR_CPU_SHARE = 0.3
 class NoisyNeighbourSpec(ApiModel):
     """A pod on the node of one of the target's pods that burns CPUs through the run.
 
-    A Job of the operator image pinned to that node (``nodeName``), BestEffort as a rogue
-    process is, with one busy process per CPU it takes. It burns only while the load Job
+    A Job of the operator image pinned to that node (``nodeName``), with one busy process
+    per CPU it takes; BestEffort unless ``cpuRequest`` is set. It burns only while the load Job
     says so (a key of the results ConfigMap), and stops by itself when the load Job stops
     saying so (deleted, failed, or the operator down): see vllm_operator/bench/neighbour.py.
     """
@@ -281,6 +282,14 @@ class NoisyNeighbourSpec(ApiModel):
         gt=0,
         le=1,
         description="The share of the node's CPUs to burn (default 0.3), at least one CPU.",
+    )
+    cpu_request: ResourceQuantity | None = Field(
+        default=None,
+        description="CPU the neighbour requests, as another tenant's pod would: under "
+        "contention the kubelet shares the CPU by requests, so a BestEffort neighbour (the "
+        "default) takes little from pods that request CPU, and one with a request competes "
+        "for its share. The node must have it free, or the kubelet refuses the pod and the "
+        "perturbation says the neighbour did not burn.",
     )
 
 

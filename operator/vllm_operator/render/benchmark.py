@@ -201,7 +201,8 @@ def load_deadline_seconds(bench: InferenceBenchmark) -> int:
 def build_neighbour_job(bench: InferenceBenchmark, *, image: str, node: Manifest) -> Manifest:
     """The chaos phase's noisy neighbour (vllm_operator/bench/neighbour.py): a pod on the
     node ``node`` names (``{"name": ..., "tolerations": [...]}``, a target pod's), under the
-    load Job's account, BestEffort, burning CPUs only while the load Job orders it to."""
+    load Job's account, BestEffort unless the spec gives a CPU request, burning CPUs only
+    while the load Job orders it to."""
     chaos = bench.spec.chaos
     assert chaos is not None and chaos.noisy_neighbour is not None
     deadline = load_deadline_seconds(bench)
@@ -223,6 +224,8 @@ def build_neighbour_job(bench: InferenceBenchmark, *, image: str, node: Manifest
         "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
         "securityContext": restricted_security_context(),
     }
+    if chaos.noisy_neighbour.cpu_request is not None:
+        container["resources"] = {"requests": {"cpu": chaos.noisy_neighbour.cpu_request}}
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
