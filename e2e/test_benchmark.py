@@ -61,6 +61,19 @@ def _replicas(cluster: ClusterHandle, ns: str, kind: str, name: str) -> int:
     return int((_get(cluster, ns, kind, name) or {}).get("spec", {}).get("replicas", -1))
 
 
+def _wait_ready(cluster: ClusterHandle, ns: str, replicas: int) -> None:
+    """InferenceService svc Ready, with ``replicas`` ready replicas."""
+    wait_for(
+        lambda: (
+            (i := _get(cluster, ns, "vis", "svc"))
+            and i.get("status", {}).get("readyReplicas") == replicas
+            and condition(i, "Ready").get("status") == "True"
+        ),
+        f"{replicas} ready replicas",
+        timeout=120,
+    )
+
+
 def _refused(cluster: ClusterHandle, *args: str) -> str:
     proc = cluster.kubectl(*args, check=False)
     assert proc.returncode != 0, f"{' '.join(args)} was allowed"
@@ -72,15 +85,7 @@ def test_a_benchmark_runs_and_no_path_can_scale_its_target_down(
 ) -> None:
     ns = target_ns
     cluster.apply(_target("svc", 2, real_images.fault_server), namespace=ns)
-    wait_for(
-        lambda: (
-            (i := _get(cluster, ns, "vis", "svc"))
-            and i.get("status", {}).get("readyReplicas") == 2
-            and condition(i, "Ready").get("status") == "True"
-        ),
-        "two ready replicas",
-        timeout=120,
-    )
+    _wait_ready(cluster, ns, 2)
     cluster.apply(_bench("load", "svc", 30), namespace=ns)
     wait_for(lambda: _phase(cluster, ns, "load") == "Running", "the benchmark to run", timeout=90)
     job = _get(cluster, ns, "job", "load-load")
@@ -254,15 +259,7 @@ def test_a_chaos_restart_evicts_a_server_mid_run_and_counts_the_errors(
     run with the plain one before it."""
     ns = target_ns
     cluster.apply(_target("svc", 2, real_images.fault_server), namespace=ns)
-    wait_for(
-        lambda: (
-            (i := _get(cluster, ns, "vis", "svc"))
-            and i.get("status", {}).get("readyReplicas") == 2
-            and condition(i, "Ready").get("status") == "True"
-        ),
-        "two ready replicas",
-        timeout=120,
-    )
+    _wait_ready(cluster, ns, 2)
     before = set(_server_pods(cluster, ns))
     assert len(before) == 2
     bench = _bench("restart", "svc", 12)
@@ -322,11 +319,7 @@ def test_a_noisy_neighbour_burns_beside_a_target_pod_only_through_its_run(
     target = _isvc("svc", "cpu", real_images.fault_server, replicas=1,
                    warmup={"enabled": False})  # fmt: skip
     cluster.apply(target, namespace=ns)
-    wait_for(
-        lambda: condition(_get(cluster, ns, "vis", "svc"), "Ready").get("status") == "True",
-        "Ready",
-        timeout=120,
-    )
+    _wait_ready(cluster, ns, 1)
     (server,) = _server_pods(cluster, ns).values()
     node_name = server["spec"]["nodeName"]
     node_cpus = int(cluster.kubectl_json("get", "node", node_name)["status"]["capacity"]["cpu"])
@@ -372,3 +365,40 @@ def test_a_noisy_neighbour_burns_beside_a_target_pod_only_through_its_run(
     board = (_get(cluster, ns, "configmap", "noisy-results") or {}).get("data", {})
     assert '"burning": false' in board["chaos-neighbour-state"], board
     assert '"done": true' in board["chaos-neighbour-order"], board
+
+
+def test_deleting_a_benchmark_mid_burn_with_the_operator_down_takes_the_neighbour_away(
+    cluster: ClusterHandle, real_images: Images, chart_operator: ChartOperator, target_ns: str
+) -> None:
+    """The neighbour is the benchmark's: garbage collection removes its Job and pod (and so
+    the burn) with the benchmark, no operator needed."""
+    ns = target_ns
+    operator: PodOperator = chart_operator.process
+    target = _isvc("svc", "cpu", real_images.fault_server, replicas=1,
+                   warmup={"enabled": False})  # fmt: skip
+    cluster.apply(target, namespace=ns)
+    _wait_ready(cluster, ns, 1)
+    bench = _bench("gone", "svc", 20)
+    bench["spec"]["chaos"] = {"ratePerSecond": 2, "noisyNeighbour": {"cpuShare": 0.5}}
+    cluster.apply(bench, namespace=ns)
+
+    def burning() -> bool:
+        data = (_get(cluster, ns, "configmap", "gone-results") or {}).get("data", {})
+        return '"burning": true' in data.get("chaos-neighbour-state", "")
+
+    # The level (20 s) and the plain run (20 s) come first; then the neighbour burns.
+    wait_for(burning, "the neighbour to burn", timeout=240)
+    operator.stop()
+    try:
+        cluster.kubectl("delete", "inferencebenchmark", "gone", "-n", ns, "--wait=false")
+        wait_for(
+            lambda: (
+                not (_get(cluster, ns, "pods", "-l", "job-name=gone-neighbour") or {}).get("items")
+            ),
+            "the neighbour's pod to go with its benchmark",
+            timeout=120,
+        )
+        assert _get(cluster, ns, "job", "gone-neighbour") is None
+        assert _get(cluster, ns, "job", "gone-load") is None
+    finally:
+        operator.start()

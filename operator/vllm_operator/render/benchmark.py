@@ -226,30 +226,51 @@ def build_neighbour_job(bench: InferenceBenchmark, *, image: str, node: Manifest
     }
     if chaos.noisy_neighbour.cpu_request is not None:
         container["resources"] = {"requests": {"cpu": chaos.noisy_neighbour.cpu_request}}
+    return _job(
+        bench,
+        neighbour_job_name(bench),
+        labels,
+        labels,
+        {
+            # Beside the target pod: on its node, past the taints it tolerates.
+            "nodeName": node["name"],
+            "tolerations": node.get("tolerations") or [],
+            "containers": [container],
+        },
+    )
+
+
+def _job(
+    bench: InferenceBenchmark,
+    name: str,
+    labels: dict[str, str],
+    pod_labels: dict[str, str],
+    pod: Manifest,
+) -> Manifest:
+    """A Job of the benchmark: run once, under the load Job's account (which may write
+    the results ConfigMap and nothing else), within the load Job's deadline."""
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {
-            "name": neighbour_job_name(bench),
+            "name": name,
             "namespace": bench.metadata.namespace,
             "labels": labels,
             "ownerReferences": _owned_by_benchmark(bench),
         },
         "spec": {
+            # A benchmark is not retried: a second run would measure something else.
             "backoffLimit": 0,
-            "activeDeadlineSeconds": deadline,
+            "activeDeadlineSeconds": load_deadline_seconds(bench),
             "ttlSecondsAfterFinished": JOB_TTL_SECONDS,
             "template": {
-                "metadata": {"labels": labels},
+                "metadata": {"labels": pod_labels},
                 "spec": {
                     "restartPolicy": "Never",
-                    # Beside the target pod: on its node, past the taints it tolerates.
-                    "nodeName": node["name"],
-                    "tolerations": node.get("tolerations") or [],
                     "serviceAccountName": load_identity_name(bench),
                     "automountServiceAccountToken": True,
                     "enableServiceLinks": False,
-                    "containers": [container],
+                    **pod,
                 },
             },
         },
@@ -316,35 +337,17 @@ def build_load_job(
     }
     labels = _labels(bench, "benchmark-load")
     lock = {LABEL_SCALE_DOWN_LOCK: "true", LABEL_LOCK_TARGET: bench.spec.target_ref.name}
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {
-            "name": load_job_name(bench),
-            "namespace": bench.metadata.namespace,
-            "labels": {**labels, **lock},
-            "ownerReferences": _owned_by_benchmark(bench),
+    return _job(
+        bench,
+        load_job_name(bench),
+        {**labels, **lock},
+        labels,
+        {
+            "containers": [container],
+            "volumes": [
+                {"name": "spec", "configMap": {"name": spec_config_map_name(bench)}},
+                *input_volumes,
+                {"name": "results", "emptyDir": {}},
+            ],
         },
-        "spec": {
-            # A benchmark is not retried: a second run would measure something else.
-            "backoffLimit": 0,
-            "activeDeadlineSeconds": load_deadline_seconds(bench),
-            "ttlSecondsAfterFinished": JOB_TTL_SECONDS,
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "restartPolicy": "Never",
-                    # Its own identity, allowed only to write the results ConfigMap.
-                    "serviceAccountName": load_identity_name(bench),
-                    "automountServiceAccountToken": True,
-                    "enableServiceLinks": False,
-                    "containers": [container],
-                    "volumes": [
-                        {"name": "spec", "configMap": {"name": spec_config_map_name(bench)}},
-                        *input_volumes,
-                        {"name": "results", "emptyDir": {}},
-                    ],
-                },
-            },
-        },
-    }
+    )
