@@ -353,7 +353,17 @@ def test_a_benchmark_reads_its_dataset_and_leaves_every_request_in_its_results_c
         input=cm_json, text=True, check=True, capture_output=True, timeout=120,
     )  # fmt: skip
     assert json.loads((report / "results.json").read_text())["levels"][0]["requests"]
-    assert "<svg" in (report / "report.html").read_text()
+    page = (report / "report.html").read_text()
+    assert "<svg" in page
+    # The operator pointed the load Job at the vLLM pod's own /metrics, read through the
+    # level (bench/resources.py): the requests in the server and the KV cache.
+    resources = level["resources"]
+    print("resources read from the real vLLM pod:", resources)
+    assert resources is not None and resources["urls"] == 1, resources
+    assert resources["samples"] >= 2 and resources["scrape_errors"] == 0, resources
+    assert resources["running_mean"] is not None and resources["running_mean"] > 0, resources
+    assert resources["kv_cache_usage_max"] is not None, resources
+    assert "Latency against resources" in page
 
 
 def test_deleting_the_pod_lets_the_streams_in_flight_finish(
