@@ -291,6 +291,10 @@ def test_a_chaos_restart_evicts_a_server_mid_run_and_counts_the_errors(
     (chaos,) = status["chaos"]
     print("chaos restart:", chaos["perturbation"], "|", chaos["verdict"])
     print("perturbed errors by kind:", chaos["perturbed"].get("errorsByKind"))
+    for name in ("baseline", "perturbed"):
+        run = chaos[name]
+        print(f"{name}: schedule lag p99 {run.get('scheduleLagP99Milliseconds')} ms, "
+              f"client saturated {run.get('clientSaturated')}")  # fmt: skip
     words = chaos["perturbation"].split()
     assert words[:2] == ["restart:", "pod"] and words[3] == "evicted", chaos["perturbation"]
     evicted = words[2]
@@ -350,7 +354,8 @@ def test_a_noisy_neighbour_burns_beside_a_target_pod_only_through_its_run(
     for name, run in (("plain", base), ("neighbour", hurt)):
         ttft = run["fromSend"]["ttft"]
         print(f"{name}: TTFT p50 {ttft['p50']:.1f} p99 {ttft['p99']:.1f} ms, "
-              f"{run['requests']} requests")  # fmt: skip
+              f"{run['requests']} requests, schedule lag p99 "
+              f"{run.get('scheduleLagP99Milliseconds')} ms")  # fmt: skip
     cpus = f"{node_cpus} CPU{'s' if node_cpus != 1 else ''}"
     assert chaos["perturbation"] == f"noisy neighbour: {cpus} burnt on node {node_name}"
     # Dismissed at the end of the run, the neighbour exits and its Job completes.

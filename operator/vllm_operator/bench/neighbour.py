@@ -28,6 +28,7 @@ kubernetes_asyncio is imported only by :class:`ConfigMapBoard`, when a cluster i
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import logging
 import math
@@ -68,6 +69,9 @@ class ConfigMapBoard:
 
     async def __aenter__(self) -> ConfigMapBoard:
         from vllm_operator.bench.upload import api_client
+
+        # The client's import takes a good part of a second: off the sending loop.
+        await asyncio.to_thread(importlib.import_module, "kubernetes_asyncio.client")
 
         self._api = await api_client()
         return self

@@ -50,7 +50,7 @@ from vllm_operator.bench.neighbour import order as neighbour_order
 from vllm_operator.bench.netfault import FaultProxy, Impairment, relayed_address
 from vllm_operator.bench.records import Load, RequestRecord
 from vllm_operator.bench.resources import DEFAULT_INTERVAL_S as DEFAULT_METRICS_INTERVAL_S
-from vllm_operator.bench.restart import Eviction, evict_one
+from vllm_operator.bench.restart import Eviction, PodEvictor
 from vllm_operator.bench.result import (
     DEFAULT_TARGET_ATTAINMENT,
     BenchmarkResult,
@@ -122,10 +122,6 @@ class RunOptions:
 
 # Evicts the first of the pods (in the namespace) that goes, ``at_s`` into the run.
 Evictor = Callable[[Sequence[str], str, float], Awaitable[Eviction]]
-
-
-async def _evict(pods: Sequence[str], namespace: str, at_s: float) -> Eviction:
-    return await evict_one(pods, namespace, at_s=at_s)
 
 
 @dataclass(frozen=True)
@@ -309,7 +305,7 @@ async def run_benchmark(
     options: RunOptions,
     inputs: RunInputs | None = None,
     reporter: Reporter | None = None,
-    evictor: Evictor = _evict,
+    evictor: Evictor | None = None,
     neighbour_board: Board | None = None,
 ) -> BenchmarkResult:
     """Run every level of ``spec`` against ``options.endpoint``; see the module docstring.
@@ -381,6 +377,8 @@ async def run_benchmark(
             if options.metrics_urls
             else None
         )
+        if evictor is None and spec.chaos is not None and spec.chaos.restart is not None:
+            evictor = await stack.enter_async_context(PodEvictor())
         board = neighbour_board
         if board is None and spec.chaos is not None and spec.chaos.noisy_neighbour is not None:
             assert options.neighbour_config_map is not None
@@ -477,6 +475,7 @@ async def run_benchmark(
                 await asyncio.sleep(after_s)
                 due.set()
                 at_s = time.monotonic() - began
+                assert evictor is not None
                 return await evictor(options.restart_pods, options.restart_namespace, at_s)
 
             task = asyncio.create_task(evict_later())
