@@ -63,6 +63,7 @@ class Load:
         self, url: str, out: Path, *, concurrency: int, seconds: int, tokens: int, stream: bool
     ):
         self.out = out
+        self._output: str | None = None
         self.proc = subprocess.Popen(
             [
                 sys.executable, "-m", "vllm_operator.cli", "bench",
@@ -90,8 +91,9 @@ class Load:
         """The load's exit status and the end of its output, or that it still runs."""
         if self.proc.poll() is None:
             return "the load still runs"
-        output, _ = self.proc.communicate()
-        return f"the load exited {self.proc.returncode}: {output[-2000:]}"
+        if self._output is None:  # the pipe can be read once
+            self._output, _ = self.proc.communicate()
+        return f"the load exited {self.proc.returncode}: {self._output[-2000:]}"
 
     def result(self, timeout: float) -> dict[str, Any]:
         """Requests sent and failed (errors by kind) once the run is over."""
@@ -257,7 +259,7 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
         # vLLM alone, ~5 in the cluster runs), the light load below 1-2 for two pods.
         timeline.mark("heavy load on the first pod (32 requests in flight at the client)")
         heavy = Load(
-            _url(first), tmp_path / "heavy", concurrency=32, seconds=60, tokens=200, stream=False
+            _url(first), tmp_path / "heavy", concurrency=32, seconds=90, tokens=200, stream=False
         )
         loads.append(heavy)
         try:
@@ -268,7 +270,7 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
             )
         except AssertionError as err:
             raise AssertionError(f"{err}; {_server_load(first)}; {heavy.state()}") from None
-        timeline.mark("scaled up; the heavy load ends after its 60 s")
+        timeline.mark("scaled up; the heavy load ends after its 90 s")
         heavy.proc.wait(timeout=120)
         # The new pod takes traffic only once warmed up; the replicas stay meanwhile (the
         # scale-down window has not passed).

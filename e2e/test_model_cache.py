@@ -126,6 +126,17 @@ def _start_hub(cluster: ClusterHandle, ns: str, image: str) -> None:
     )
     cluster.kubectl("wait", "--for=condition=Ready", "pod/hub", "-n", ns, "--timeout=180s",
                     timeout=190)  # fmt: skip
+    # Ready is the kubelet's view; the host reaches the pod through the Service's address
+    # once kube-proxy has programmed it (after an apiserver restart, its watches catch up
+    # late). Wait for that, so that a test's first call does not meet a refused connection.
+    wait_until("the hub to answer at its Service's address", lambda: _answers(cluster, ns), 90)
+
+
+def _answers(cluster: ClusterHandle, ns: str) -> bool:
+    try:
+        return httpx.get(f"{_hub(cluster, ns)}/_stats", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def _volumes(cluster: ClusterHandle, ns: str) -> list[str]:
