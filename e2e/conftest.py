@@ -259,6 +259,16 @@ def dump_diagnostics(
         if namespace:
             lines = [line for line in lines if namespace in line]
         sections.append(("the operator pod's log", "\n".join(lines[-150:])))
+        # A restart in the test (liveness, OOM) shows in its pods' states, its namespace's
+        # events, and the log of the container before.
+        for title, args in (
+            ("the operator's pods", ("get", "pods", "-o", "wide")),
+            ("events in the operator's namespace", ("get", "events", "--sort-by=.lastTimestamp")),
+            ("the operator pod's previous log",
+             ("logs", f"deployment/{operator.process.deployment}", "--previous", "--tail=80")),
+        ):  # fmt: skip
+            proc = cluster.kubectl(*args, "-n", operator.namespace, check=False, timeout=60)
+            sections.append((title, (proc.stdout + proc.stderr)[-8000:]))
     if cluster.local and cluster.settings is not None:
         logs = cluster.settings.logs_dir
         for name in COMPONENTS:
