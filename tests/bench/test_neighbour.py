@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import resource
 import time
 from collections.abc import Mapping
@@ -151,6 +152,54 @@ async def test_the_load_job_waits_for_the_burn_and_says_when_it_never_came() -> 
     )
 
 
+@pytest.mark.parametrize(
+    ("state", "words"),
+    [
+        (
+            {"node": "n", "cpus": 2, "allowed": [0], "nodeCpus": 4, "beside": "svc-a",
+             "besideQos": "Guaranteed"},
+            "noisy neighbour: 2 CPUs burnt on node n beside pod svc-a (Guaranteed QoS), "
+            "on CPUs 0 only (1-3 held for pinned containers)",
+        ),
+        (
+            {"node": "n", "cpus": 1, "allowed": [0, 1, 2, 5], "nodeCpus": 6},
+            "noisy neighbour: 1 CPU burnt on node n, on CPUs 0-2,5 only (3-4 held for pinned "
+            "containers)",
+        ),
+        (
+            {"node": "n", "cpus": 2, "allowed": [0, 1], "nodeCpus": 2, "beside": "svc-a"},
+            "noisy neighbour: 2 CPUs burnt on node n beside pod svc-a, on all CPUs (0-1)",
+        ),
+        # A neighbour of an older image reports no CPUs and no pod.
+        ({"node": "n", "cpus": 3, "burning": True}, "noisy neighbour: 3 CPUs burnt on node n"),
+    ],
+    ids=[
+        "a pinned pod's CPUs are named as held from the neighbour",
+        "the CPU lists are the kernel's ranges",
+        "an unpinned pod shares every CPU with the neighbour",
+        "a state without CPUs or pod says what it knows",
+    ],
+)  # fmt: skip
+def test_the_perturbation_says_beside_which_pod_and_on_which_cpus_the_neighbour_burnt(
+    state: dict[str, Any], words: str
+) -> None:
+    assert NeighbourState.of(state).describe() == words
+
+
+def test_the_neighbour_reports_the_cpus_its_cpuset_allows_and_the_pod_it_is_beside() -> None:
+    board, burner = MemoryBoard(), FakeBurner()
+    board.data[ORDER_KEY] = json.dumps({"done": True})
+    why = timing.run(
+        run_neighbour(board, cpu_share=1, node="n", deadline_s=5, burner=burner, node_cpus=2,
+                      beside="svc-a", beside_qos="Guaranteed", poll_s=0.01)
+    )  # fmt: skip
+    assert why == "done"
+    state = json.loads(board.data[STATE_KEY])
+    # Unless told, the CPUs this process may run on.
+    assert state["allowed"] == sorted(os.sched_getaffinity(0))
+    assert (state["nodeCpus"], state["beside"], state["besideQos"]) == (2, "svc-a", "Guaranteed")
+
+
 def test_the_process_burner_really_burns_a_cpu() -> None:
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime
     burner = ProcessBurner()
@@ -187,7 +236,8 @@ def test_a_run_orders_the_neighbour_for_its_perturbed_part_only_then_dismisses_i
     async def go() -> Any:
         side = asyncio.create_task(
             run_neighbour(board, cpu_share=0.5, node="n1", deadline_s=60, burner=burner,
-                          node_cpus=2, poll_s=0.01)
+                          node_cpus=2, allowed=[0, 1], beside="svc-a", beside_qos="Burstable",
+                          poll_s=0.01)
         )  # fmt: skip
 
         async def watch() -> None:
@@ -207,7 +257,10 @@ def test_a_run_orders_the_neighbour_for_its_perturbed_part_only_then_dismisses_i
 
     result, why = timing.run(go())
     (chaos,) = result.chaos
-    assert chaos.perturbation == "noisy neighbour: 1 CPU burnt on node n1"
+    assert chaos.perturbation == (
+        "noisy neighbour: 1 CPU burnt on node n1 beside pod svc-a (Burstable QoS), "
+        "on all CPUs (0-1)"
+    )
     assert why == "done" and burner.burning is None and burner.starts == 1
     assert 1 in burning_during
     assert chaos.perturbed.stats.completed == 10

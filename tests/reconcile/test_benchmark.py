@@ -410,6 +410,7 @@ def _server_pod(name: str, ip: str, *, ready: bool = True, **meta: Any) -> dict[
         "spec": {"nodeName": f"node-{name[-1]}", "tolerations": [{"operator": "Exists"}]},
         "status": {
             "podIP": ip,
+            "qosClass": "Burstable",
             "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
         },
     }
@@ -512,6 +513,9 @@ async def test_a_noisy_neighbour_lands_beside_the_first_ready_server() -> None:
     args = container["args"]
     assert args[args.index("--cpu-share") + 1] == "0.5"
     assert args[args.index("--config-map") + 1] == "load-results"
+    # The pod it burns beside, and whether that one is pinned (its QoS class), for its report.
+    assert args[args.index("--beside") + 1] == "chat-a"
+    assert args[args.index("--beside-qos") + 1] == "Burstable"
     load = _load_args(api)
     assert _values(load, "--neighbour-config-map") == ["load-results"]
     # The neighbour is no scale-down lock: only the load Job is.

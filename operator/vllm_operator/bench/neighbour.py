@@ -9,7 +9,9 @@ other):
 - ``chaos-neighbour-order`` (the load Job writes it): ``{"burn": bool, "until": t,
   "done": bool}``, ``t`` in Unix seconds;
 - ``chaos-neighbour-state`` (the neighbour writes it): ``{"node": ..., "cpus": n,
-  "burning": bool, "at": t}``.
+  "burning": bool, "at": t, "allowed": [...], "nodeCpus": m, "beside": ..., "besideQos": ...}``:
+  the CPUs its processes may run on (its cpuset) of the node's ``m``, and the target pod
+  it was placed beside with that pod's QoS class.
 
 The neighbour burns while the order says ``burn`` and ``until`` has not passed, and exits
 on ``done``. Every way a run can end stops the burn: the load Job writes ``done`` when its
@@ -20,7 +22,9 @@ benchmark's ownership bound its life, operator up or not.
 
 A burn is one busy process per CPU taken (the share of the node's CPUs, at least one),
 BestEffort, as a rogue process on the node would be: a container whose CPU the static CPU
-manager pins is out of its reach, one in the shared pool is not.
+manager pins is out of its reach, one in the shared pool is not. Which it was shows in the
+perturbation's words (:meth:`NeighbourState.describe`): the CPUs the neighbour was kept
+off are the ones the kubelet holds for pinned containers.
 
 kubernetes_asyncio is imported only by :class:`ConfigMapBoard`, when a cluster is used.
 """
@@ -35,7 +39,7 @@ import math
 import multiprocessing
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
@@ -108,11 +112,59 @@ def _decoded(text: str | None) -> dict[str, Any]:
 # --- the load Job's side -------------------------------------------------------------------
 
 
+def cpu_list(cpus: Iterable[int]) -> str:
+    """CPUs in the kernel's list format (``0-3,6``), as cpuset and /proc show them."""
+    runs: list[list[int]] = []
+    for cpu in sorted(set(cpus)):
+        if runs and cpu == runs[-1][1] + 1:
+            runs[-1][1] = cpu
+        else:
+            runs.append([cpu, cpu])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
 @dataclass(frozen=True)
 class NeighbourState:
     node: str
     cpus: int
     burning: bool
+    # The CPUs the neighbour could run on, of the node's node_cpus (empty: not reported).
+    allowed: tuple[int, ...] = ()
+    node_cpus: int = 0
+    # The target pod it burns beside, and that pod's QoS class.
+    beside: str = ""
+    beside_qos: str = ""
+
+    @classmethod
+    def of(cls, state: Mapping[str, Any]) -> NeighbourState:
+        return cls(
+            str(state.get("node")),
+            int(state.get("cpus", 0)),
+            bool(state.get("burning")),
+            tuple(int(c) for c in state.get("allowed") or ()),
+            int(state.get("nodeCpus", 0)),
+            str(state.get("beside") or ""),
+            str(state.get("besideQos") or ""),
+        )
+
+    def describe(self) -> str:
+        """The perturbation in words: what burnt where, beside which pod, and whether the
+        kubelet kept the burn off some CPUs (those it holds for pinned containers)."""
+        plural = "s" if self.cpus != 1 else ""
+        words = f"noisy neighbour: {self.cpus} CPU{plural} burnt on node {self.node}"
+        if self.beside:
+            qos = f" ({self.beside_qos} QoS)" if self.beside_qos else ""
+            words += f" beside pod {self.beside}{qos}"
+        if self.allowed and self.node_cpus:
+            kept_off = set(range(self.node_cpus)) - set(self.allowed)
+            if kept_off:
+                words += (
+                    f", on CPUs {cpu_list(self.allowed)} only "
+                    f"({cpu_list(kept_off)} held for pinned containers)"
+                )
+            else:
+                words += f", on all CPUs ({cpu_list(self.allowed)})"
+        return words
 
 
 async def order(board: Board, *, burn: bool, until: float = 0.0, done: bool = False) -> None:
@@ -131,7 +183,7 @@ async def start_burn(
     while True:
         state = _decoded((await board.read()).get(STATE_KEY))
         if state.get("burning"):
-            return NeighbourState(str(state.get("node")), int(state.get("cpus", 0)), True)
+            return NeighbourState.of(state)
         if time.monotonic() >= deadline:
             return f"the neighbour did not start burning within {wait_s:g} s (see its Job's pod)"
         await asyncio.sleep(poll_s)
@@ -184,18 +236,34 @@ async def run_neighbour(
     deadline_s: float,
     burner: Burner | None = None,
     node_cpus: int | None = None,
+    allowed: Iterable[int] | None = None,
+    beside: str = "",
+    beside_qos: str = "",
     poll_s: float = POLL_S,
     clock: Callable[[], float] = time.time,
 ) -> str:
-    """Burn while the order says so; returns why it stopped ("done" or "deadline")."""
+    """Burn while the order says so; returns why it stopped ("done" or "deadline").
+    ``allowed``: the CPUs its processes may run on (default: this process's affinity)."""
     burner = burner or ProcessBurner()
-    cpus = cpus_to_burn(cpu_share, node_cpus or os.cpu_count() or 1)
+    node_cpus = node_cpus or os.cpu_count() or 1
+    cpus = cpus_to_burn(cpu_share, node_cpus)
+    given = None if allowed is None else sorted(allowed)
     burning = False
     last_read = time.monotonic()
     end = time.monotonic() + deadline_s
 
     async def report() -> None:
-        state = {"node": node, "cpus": cpus, "burning": burning, "at": clock()}
+        state = {
+            "node": node,
+            "cpus": cpus,
+            "burning": burning,
+            "at": clock(),
+            # Read as each state is written: the kubelet may move the cpuset meanwhile.
+            "allowed": given if given is not None else sorted(os.sched_getaffinity(0)),
+            "nodeCpus": node_cpus,
+            "beside": beside,
+            "besideQos": beside_qos,
+        }
         try:
             await board.write({STATE_KEY: json.dumps(state, sort_keys=True)})
         except Exception as exc:
@@ -263,6 +331,8 @@ def add_parser(subparsers: Any) -> Any:
     parser.add_argument(
         "--deadline-seconds", type=float, required=True, help="exit after this long at most"
     )
+    parser.add_argument("--beside", default="", help="the target pod it burns beside")
+    parser.add_argument("--beside-qos", default="", help="that pod's QoS class")
     parser.set_defaults(func=_cmd)
     return parser
 
@@ -281,7 +351,12 @@ def _cmd(args: Any) -> int:
     async def go() -> str:
         async with ConfigMapBoard(args.config_map, args.namespace) as board:
             return await run_neighbour(
-                board, cpu_share=args.cpu_share, node=args.node, deadline_s=args.deadline_seconds
+                board,
+                cpu_share=args.cpu_share,
+                node=args.node,
+                deadline_s=args.deadline_seconds,
+                beside=args.beside,
+                beside_qos=args.beside_qos,
             )
 
     why = asyncio.run(go())

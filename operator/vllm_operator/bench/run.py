@@ -455,8 +455,7 @@ async def run_benchmark(
             except Exception as exc:
                 got = f"its orders could not be written: {exc}"
             what = (
-                f"noisy neighbour: {got.cpus} CPU{'s' if got.cpus != 1 else ''} burnt on "
-                f"node {got.node}"
+                got.describe()
                 if isinstance(got, NeighbourState)
                 else f"noisy neighbour: not burning: {got}"
             )

@@ -261,6 +261,10 @@ async def reconcile_inference_benchmark(
                         "name": beside["spec"]["nodeName"],
                         "tolerations": beside["spec"].get("tolerations") or [],
                     },
+                    beside={
+                        "name": beside["metadata"]["name"],
+                        "qosClass": beside.get("status", {}).get("qosClass"),
+                    },
                 )
             )
         job = await api.apply(

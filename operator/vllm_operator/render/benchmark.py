@@ -198,9 +198,12 @@ def load_deadline_seconds(bench: InferenceBenchmark) -> int:
     return int((spec.duration_seconds or 600) * levels * 2 + 600)
 
 
-def build_neighbour_job(bench: InferenceBenchmark, *, image: str, node: Manifest) -> Manifest:
+def build_neighbour_job(
+    bench: InferenceBenchmark, *, image: str, node: Manifest, beside: Manifest
+) -> Manifest:
     """The chaos phase's noisy neighbour (vllm_operator/bench/neighbour.py): a pod on the
-    node ``node`` names (``{"name": ..., "tolerations": [...]}``, a target pod's), under the
+    node ``node`` names (``{"name": ..., "tolerations": [...]}``), beside the target pod
+    ``beside`` names (``{"name": ..., "qosClass": ...}``, which its report names), under the
     load Job's account, BestEffort unless the spec gives a CPU request, burning CPUs only
     while the load Job orders it to."""
     chaos = bench.spec.chaos
@@ -220,6 +223,10 @@ def build_neighbour_job(bench: InferenceBenchmark, *, image: str, node: Manifest
             f"{chaos.noisy_neighbour.cpu_share:g}",
             "--deadline-seconds",
             str(deadline),
+            "--beside",
+            str(beside["name"]),
+            "--beside-qos",
+            str(beside.get("qosClass") or ""),
         ],
         "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
         "securityContext": restricted_security_context(),
