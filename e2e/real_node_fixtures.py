@@ -190,8 +190,12 @@ def chart_operator(
     real_images: Images,
     local_operator: OperatorProcess,
     lock_policy: None,
+    request: pytest.FixtureRequest,
 ) -> Iterator[ChartOperator]:
     local_operator.stop()
+    # A module may give its load Jobs CPU (LOAD_JOB_CPU): a load generator that requests
+    # none is starved by any neighbour that does.
+    load_cpu = getattr(request.module, "LOAD_JOB_CPU", "0")
     try:
         # The real node has 2 cores: a vLLM pod and a benchmark's load Job take one each,
         # so this install asks for no CPU (a value users can set the same way).
@@ -199,7 +203,7 @@ def chart_operator(
         # Likewise its warmup and load Jobs: on 2 cores, two replicas take both.
         jobs = {"warmupResources": {"requests": {"cpu": "0", "memory": "64Mi"},
                                     "limits": {"memory": "512Mi"}},
-                "loadResources": {"requests": {"cpu": "0", "memory": "256Mi"},
+                "loadResources": {"requests": {"cpu": load_cpu, "memory": "256Mi"},
                                   "limits": {"memory": "2Gi"}},
                 "downloadResources": {"requests": {"cpu": "0", "memory": "128Mi"},
                                       "limits": {"memory": "1Gi"}}}  # fmt: skip

@@ -46,7 +46,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import yaml
 
@@ -362,8 +362,24 @@ def _cni_config(layout: Layout) -> dict[str, Any]:
     }
 
 
-def _kubelet_config(layout: Layout) -> dict[str, Any]:
+# The kubelet's CPU manager policies the node runs under. ``none`` (the default): every
+# container may run on every CPU, shared by cgroup weights. ``static``: a Guaranteed
+# container with whole CPUs gets them to itself (its cpuset), and the others share what is
+# left. The static policy needs CPU reserved for the system; 100m leaves the two-core node
+# 1.9 allocatable CPUs (the reservation is rounded up to CPU 0, which is never given out).
+CpuManagerPolicy = Literal["none", "static"]
+STATIC_RESERVED_MILLICPU: Final = 100
+
+
+def _kubelet_config(layout: Layout, cpu_manager: CpuManagerPolicy = "none") -> dict[str, Any]:
+    policy: dict[str, Any] = {}
+    if cpu_manager == "static":
+        policy = {
+            "cpuManagerPolicy": "static",
+            "kubeReserved": {"cpu": f"{STATIC_RESERVED_MILLICPU}m"},
+        }
     return {
+        **policy,
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
         "failCgroupV1": False,
@@ -566,8 +582,24 @@ def start(settings: Settings, handle: ClusterHandle, bin_dir: Path) -> None:
     handle.kubectl(
         "annotate", "--overwrite", "node", NODE_NAME, *(f"{k}={v}" for k, v in annotations.items())
     )
-    # Extended resources are advertised by patching the node's status (no device plugin):
-    # the CPU vLLM behind each "GPU" is the stand-in.
+    _advertise_gpus(settings, handle)
+    processes.wait_until(
+        "the kubernetes Service's endpoint on the node IP",
+        lambda: (
+            NODE_IP
+            in handle.kubectl(
+                "get", "endpointslices", "-n", "default", "-o", "yaml", check=False
+            ).stdout
+        ),
+        settings.timeout_s,
+    )
+    processes.say(f"real node {NODE_NAME} Ready after {time.monotonic() - started:.1f} s")
+
+
+def _advertise_gpus(settings: Settings, handle: ClusterHandle) -> None:
+    """The node Ready with its stand-in GPUs allocatable. Extended resources are advertised
+    by patching the node's status (no device plugin): the CPU vLLM behind each "GPU" is the
+    stand-in."""
     gpu = fake_nodes.GPU_RESOURCE.replace("/", "~1")
     patch = [{"op": "add", "path": f"/status/capacity/{gpu}", "value": str(GPU_SHAPE.count)}]
     handle.kubectl(
@@ -588,17 +620,41 @@ def start(settings: Settings, handle: ClusterHandle, bin_dir: Path) -> None:
         ),
         settings.timeout_s,
     )
+
+
+def restart_kubelet(
+    settings: Settings, handle: ClusterHandle, *, cpu_manager: CpuManagerPolicy
+) -> None:
+    """Restarts the kubelet under another CPU manager policy; the pods go on running.
+
+    The kubelet refuses a checkpoint of another policy, so its CPU manager state goes with
+    it. It admits the running pods again on start: a pod that no longer fits the new
+    allocatable CPU is rejected, so restart with few pods on the node. Under ``none`` no
+    cpuset is rewritten: a container the static policy kept to the shared CPUs stays there
+    until it is restarted."""
+    layout = Layout.of(settings)
+    processes.stop(settings, "kubelet")
+    config = _kubelet_config(layout, cpu_manager)
+    (layout.state / "kubelet.yaml").write_text(yaml.safe_dump(config))
+    (layout.kubelet_root / "cpu_manager_state").unlink(missing_ok=True)
+    pid = processes.start(
+        settings, "kubelet", _argv("kubelet", settings, layout, resolve_binaries())
+    )
+    _wait_healthy_node(settings, "kubelet", pid)
+    # The new kubelet has posted its status once the allocatable CPU follows the policy.
+    cores = int(handle.kubectl_json("get", "node", NODE_NAME)["status"]["capacity"]["cpu"])
+    reserved = STATIC_RESERVED_MILLICPU if cpu_manager == "static" else 0
+    want = f"{cores * 1000 - reserved}m" if reserved else str(cores)
     processes.wait_until(
-        "the kubernetes Service's endpoint on the node IP",
+        f"{NODE_NAME} with {want} CPUs allocatable ({cpu_manager} CPU manager)",
         lambda: (
-            NODE_IP
-            in handle.kubectl(
-                "get", "endpointslices", "-n", "default", "-o", "yaml", check=False
-            ).stdout
+            handle.kubectl_json("get", "node", NODE_NAME)["status"]["allocatable"].get("cpu")
+            == want
         ),
         settings.timeout_s,
     )
-    processes.say(f"real node {NODE_NAME} Ready after {time.monotonic() - started:.1f} s")
+    _advertise_gpus(settings, handle)
+    processes.say(f"kubelet restarted with the {cpu_manager} CPU manager policy")
 
 
 def _wait_healthy_node(settings: Settings, name: str, pidfile: processes.PidFile) -> None:
