@@ -19,6 +19,7 @@ from e2e.k8s_helpers import condition, wait_for
 from e2e.real_node_fixtures import ChartOperator, PodOperator
 from e2e.test_operator import _get
 from e2e.test_warmup import _isvc
+from vllm_operator.bench.neighbour import cpu_list
 from vllm_operator.constants import GROUP, LABEL_SERVICE
 
 
@@ -59,6 +60,36 @@ def _phase(cluster: ClusterHandle, ns: str, name: str) -> str | None:
 
 def _replicas(cluster: ClusterHandle, ns: str, kind: str, name: str) -> int:
     return int((_get(cluster, ns, kind, name) or {}).get("spec", {}).get("replicas", -1))
+
+
+def _chaos(cluster: ClusterHandle, ns: str, name: str, timeout: float = 240) -> dict[str, Any]:
+    """The one chaos entry of benchmark ``name``, once it has Succeeded."""
+    wait_for(
+        lambda: _phase(cluster, ns, name) in ("Succeeded", "Failed"),
+        "the benchmark to end",
+        timeout=timeout,
+    )
+    status = (_get(cluster, ns, "inferencebenchmark", name) or {})["status"]
+    assert status["phase"] == "Succeeded", status
+    (chaos,) = status["chaos"]
+    return dict(chaos)
+
+
+def _print_chaos(chaos: dict[str, Any]) -> None:
+    """What a chaos entry measured, for the test's output (-rP)."""
+    print(chaos["perturbation"], "|", chaos["verdict"])
+    for name in ("baseline", "perturbed"):
+        run = chaos[name]
+        ttft = run["fromSend"]["ttft"]
+        print(f"  {name}: TTFT p50 {ttft['p50']:.1f} p99 {ttft['p99']:.1f} ms, "
+              f"{run['requests']} requests, errors {run.get('errored', 0)}, schedule lag p99 "
+              f"{run.get('scheduleLagP99Milliseconds')} ms")  # fmt: skip
+
+
+def _neighbour_burning(cluster: ClusterHandle, ns: str, name: str) -> bool:
+    """Benchmark ``name``'s neighbour says it burns (its state in the results ConfigMap)."""
+    data = (_get(cluster, ns, "configmap", f"{name}-results") or {}).get("data", {})
+    return '"burning": true' in data.get("chaos-neighbour-state", "")
 
 
 def _wait_ready(cluster: ClusterHandle, ns: str, replicas: int) -> None:
@@ -281,14 +312,7 @@ def test_a_chaos_restart_evicts_a_server_mid_run_and_counts_the_errors(
     proc = cluster.kubectl("auth", "can-i", "create", f"pods/{name}", "--subresource=eviction",
                            "-n", ns, account, check=False)  # fmt: skip
     assert proc.stdout.strip() == "yes", proc.stdout
-    wait_for(
-        lambda: _phase(cluster, ns, "restart") in ("Succeeded", "Failed"),
-        "the benchmark to end",
-        timeout=240,
-    )
-    status = (_get(cluster, ns, "inferencebenchmark", "restart") or {})["status"]
-    assert status["phase"] == "Succeeded", status
-    (chaos,) = status["chaos"]
+    chaos = _chaos(cluster, ns, "restart")
     print("chaos restart:", chaos["perturbation"], "|", chaos["verdict"])
     print("perturbed errors by kind:", chaos["perturbed"].get("errorsByKind"))
     for name in ("baseline", "perturbed"):
@@ -341,23 +365,15 @@ def test_a_noisy_neighbour_burns_beside_a_target_pod_only_through_its_run(
         timeout=60,
     )
     assert pods[0]["spec"]["nodeName"] == node_name
-    wait_for(
-        lambda: _phase(cluster, ns, "noisy") in ("Succeeded", "Failed"),
-        "the benchmark to end",
-        timeout=300,
-    )
-    status = (_get(cluster, ns, "inferencebenchmark", "noisy") or {})["status"]
-    assert status["phase"] == "Succeeded", status
-    (chaos,) = status["chaos"]
-    base, hurt = chaos["baseline"], chaos["perturbed"]
-    print("noisy neighbour:", chaos["perturbation"], "|", chaos["verdict"])
-    for name, run in (("plain", base), ("neighbour", hurt)):
-        ttft = run["fromSend"]["ttft"]
-        print(f"{name}: TTFT p50 {ttft['p50']:.1f} p99 {ttft['p99']:.1f} ms, "
-              f"{run['requests']} requests, schedule lag p99 "
-              f"{run.get('scheduleLagP99Milliseconds')} ms")  # fmt: skip
+    chaos = _chaos(cluster, ns, "noisy", timeout=300)
+    _print_chaos(chaos)
     cpus = f"{node_cpus} CPU{'s' if node_cpus != 1 else ''}"
-    assert chaos["perturbation"] == f"noisy neighbour: {cpus} burnt on node {node_name}"
+    # Beside the unpinned server, on every CPU of the node (the kubelet pins nothing here).
+    assert chaos["perturbation"] == (
+        f"noisy neighbour: {cpus} burnt on node {node_name} beside pod "
+        f"{server['metadata']['name']} (Burstable QoS), on all CPUs "
+        f"({cpu_list(range(node_cpus))})"
+    )
     # Dismissed at the end of the run, the neighbour exits and its Job completes.
     wait_for(
         lambda: (
@@ -387,12 +403,8 @@ def test_deleting_a_benchmark_mid_burn_with_the_operator_down_takes_the_neighbou
     bench["spec"]["chaos"] = {"ratePerSecond": 2, "noisyNeighbour": {"cpuShare": 0.5}}
     cluster.apply(bench, namespace=ns)
 
-    def burning() -> bool:
-        data = (_get(cluster, ns, "configmap", "gone-results") or {}).get("data", {})
-        return '"burning": true' in data.get("chaos-neighbour-state", "")
-
     # The level (20 s) and the plain run (20 s) come first; then the neighbour burns.
-    wait_for(burning, "the neighbour to burn", timeout=240)
+    wait_for(lambda: _neighbour_burning(cluster, ns, "gone"), "the neighbour to burn", timeout=240)
     operator.stop()
     try:
         cluster.kubectl("delete", "inferencebenchmark", "gone", "-n", ns, "--wait=false")
@@ -407,3 +419,41 @@ def test_deleting_a_benchmark_mid_burn_with_the_operator_down_takes_the_neighbou
         assert _get(cluster, ns, "job", "gone-load") is None
     finally:
         operator.start()
+
+
+def test_network_faults_move_the_measured_latency_by_what_was_injected(
+    cluster: ClusterHandle, real_images: Images, target_ns: str
+) -> None:
+    """The load Job's relay delays each way by 100 ms with 20 ms of jitter and holds 10 %
+    of the reads back one retransmission (200 ms): the median TTFT grows by the round trip,
+    the tail by a retransmission on top, across the real pod network to the server."""
+    ns = target_ns
+    cluster.apply(_target("svc", 1, real_images.fault_server), namespace=ns)
+    _wait_ready(cluster, ns, 1)
+    bench = _bench("net", "svc", 20)
+    bench["spec"]["chaos"] = {
+        "ratePerSecond": 2,
+        "network": {
+            "delayMilliseconds": 100,
+            "jitterMilliseconds": 20,
+            "loss": 0.1,
+            "retransmitMilliseconds": 200,
+        },
+    }
+    cluster.apply(bench, namespace=ns)
+    chaos = _chaos(cluster, ns, "net", timeout=300)
+    _print_chaos(chaos)
+    base, hurt = chaos["baseline"], chaos["perturbed"]
+    assert chaos["perturbation"].startswith("network delay 100 ms"), chaos["perturbation"]
+    assert base["requests"] >= 20 and hurt["requests"] >= 20
+    assert base.get("errored", 0) == hurt.get("errored", 0) == 0
+    # The fault server answers in 400 ms: the plain median is that plus the pod network.
+    plain_p50 = base["fromSend"]["ttft"]["p50"]
+    assert 395 <= plain_p50 < 500, plain_p50
+    # Two delays on the median request (its jitter is symmetric about zero) ...
+    faulty_p50 = hurt["fromSend"]["ttft"]["p50"]
+    assert 170 <= faulty_p50 - plain_p50 <= 260, (plain_p50, faulty_p50)
+    # ... and a retransmission in the tail: about one request in five loses one of the
+    # reads before its first token (none in 20 or more: under 1 in 10,000).
+    faulty_p99 = hurt["fromSend"]["ttft"]["p99"]
+    assert faulty_p99 - faulty_p50 >= 150, (faulty_p50, faulty_p99)
