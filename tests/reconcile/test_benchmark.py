@@ -108,6 +108,44 @@ async def test_a_ready_target_gets_the_load_job_and_the_lock() -> None:
     assert _phase(api) == ("Running", "LoadRunning")
 
 
+async def test_a_load_pod_that_no_node_fits_is_named_instead_of_sending_load() -> None:
+    api = RecordingCluster()
+    api.put(BENCH)
+    api.put(_target(ready=True))
+    await _run(api)
+    unschedulable = "0/5 nodes are available: 1 Insufficient cpu."
+    api.put(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": "load-load-x7k2p",
+                "namespace": "team-a",
+                "labels": {"batch.kubernetes.io/job-name": "load-load"},
+            },
+            "status": {
+                "phase": "Pending",
+                "conditions": [
+                    {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                     "message": unschedulable},
+                ],
+            },
+        }
+    )  # fmt: skip
+    assert await _run(api) == "Running"
+    assert _phase(api) == ("Running", "Unschedulable")
+    ready = next(c for c in api.objects[KEY]["status"]["conditions"] if c["type"] == "Ready")
+    assert ready["message"] == (
+        f"Job load-load sends no load yet: Pod load-load-x7k2p cannot be scheduled: "
+        f"{unschedulable} InferenceService chat cannot scale down until it ends."
+    )
+    # Once the pod runs, the load is on its way.
+    pod = api.objects[("v1", "Pod", "team-a", "load-load-x7k2p")]
+    pod["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+    await _run(api)
+    assert _phase(api) == ("Running", "LoadRunning")
+
+
 async def test_the_load_job_gets_its_own_account_allowed_only_to_write_its_results() -> None:
     api = RecordingCluster()
     api.put(BENCH)

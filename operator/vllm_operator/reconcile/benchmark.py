@@ -37,6 +37,7 @@ from vllm_operator.models.inference_service import BenchmarkSummary
 from vllm_operator.reconcile.conditions import pod_condition
 from vllm_operator.reconcile.jobs import job_report, job_state
 from vllm_operator.reconcile.phases import phase_conditions, write_phase_status
+from vllm_operator.reconcile.pods import pod_problem
 from vllm_operator.render.benchmark import (
     build_load_job,
     build_load_role,
@@ -283,17 +284,26 @@ async def reconcile_inference_benchmark(
         )
     state = job_state(job)
     if state == "Running":
+        name = job["metadata"]["name"]
+        lock = f"InferenceService {bench.spec.target_ref.name} cannot scale down until it ends."
+        # A load pod that cannot start (no node has the CPU it requests, its image cannot
+        # be pulled, ...) sends nothing: the status says why rather than "sending load".
+        pods = await api.list(
+            "v1", "Pod", ns, label_selector=f"batch.kubernetes.io/job-name={name}"
+        )
+        problem = pod_problem(None, pods)
+        if problem is not None:
+            reason, message = (
+                problem.reason,
+                f"Job {name} sends no load yet: {problem.message} {lock}",
+            )
+        else:
+            reason, message = "LoadRunning", f"Job {name} is sending load; {lock}"
         await _write(
             api,
             body,
             bench,
-            status(
-                "Running",
-                "LoadRunning",
-                f"Job {job['metadata']['name']} is sending load; InferenceService "
-                f"{bench.spec.target_ref.name} cannot scale down until it ends.",
-                start_time=old.start_time or now,
-            ),
+            status("Running", reason, message, start_time=old.start_time or now),
         )
         return "Running"
     report = await job_report(api, ns, job["metadata"]["name"])
