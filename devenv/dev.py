@@ -98,7 +98,10 @@ def dev_up(timeout: int) -> int:
         f"export KUBECONFIG={cluster.kubeconfig}"
     )
     apply_crds(cluster)
-    install_operator(cluster)
+    # The node has 2 cores and the sample requests one: a benchmark's load Job gets half of
+    # the other (the chart's default, a whole CPU, would leave it Pending beside the sample).
+    load = {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}}
+    install_operator(cluster, extra_values={"operator": {"loadResources": load}})
     _say(f"operator installed with the chart after {time.monotonic() - started:.1f} s")
     # The vLLM pod is not yet restricted-compliant (it runs as the image's user, with no
     # securityContext of its own): the sample's namespace enforces baseline, warns restricted.
