@@ -278,3 +278,12 @@ def test_the_heat_map_colours_each_resource_and_outlines_the_knee() -> None:
     assert float(outline.get("x") or 0) > max(float(c.get("x") or 0) for c in cells[:4])
     assert any("nearest saturation GPU utilisation (80%)" in (t or "") for t in texts)
     assert resources_heatmap_svg({"levels": [{"stats": {}, "resources": None}]}) == ""
+    # A knee no measured resource explains (a CPU vLLM: its bottleneck is the CPU) says so.
+    data["knee_resource"] = {"resource": "queue", "saturation": 0.003, "load": 8}
+    root = ElementTree.fromstring(resources_heatmap_svg(data))
+    foot = [e.text or "" for e in root.iter() if (e.text or "").startswith("knee ")]
+    assert foot == [
+        "knee 8 req/s: no measured resource near saturation (nearest queue (waiting share), "
+        "0%): the limit is one the metrics do not show (CPU, network, the client) in the "
+        "outlined level"
+    ]

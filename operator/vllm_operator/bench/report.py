@@ -185,6 +185,21 @@ def summary_table(result: BenchmarkResult, width: int = WIDE_COLUMNS) -> Table:
     return table
 
 
+# Below this saturation no resource the metrics show explains a knee.
+NEAR_SATURATION = 0.5
+
+
+def knee_cause_words(resource: str, saturation: float) -> str:
+    """What the metrics say caused the knee: the resource nearest saturation, or, when even
+    that one was far from it, that the limit is one they do not measure."""
+    if saturation >= NEAR_SATURATION:
+        return f"nearest saturation {resource} ({saturation:.0%})"
+    return (
+        f"no measured resource near saturation (nearest {resource}, {saturation:.0%}): the "
+        "limit is one the metrics do not show (CPU, network, the client)"
+    )
+
+
 def print_summary(result: BenchmarkResult, console: Console) -> None:
     console.print(summary_table(result, console.width))
     knee = result.knee
@@ -192,7 +207,7 @@ def print_summary(result: BenchmarkResult, console: Console) -> None:
         console.print(f"Knee: {knee[0]:.4g} {knee[1]} (P99 TTFT climbs 3x faster beyond it)")
     cause = knee_resource(result)
     if cause is not None:
-        console.print(f"Nearest saturation at the knee: {cause[0]} ({cause[1]:.0%})")
+        console.print(f"At the knee: {knee_cause_words(cause[0], cause[1])}")
     for lv in result.levels:
         if lv.resources is not None and lv.resources.samples == 0 and lv.resources.last_error:
             console.print(f"[yellow]Resources not read: {lv.resources.last_error}[/]")
@@ -750,8 +765,10 @@ def resources_heatmap_svg(data: dict[str, Any]) -> str:
     if knee and cause:
         out.append(
             f'<text x="{left}" y="{foot}">knee {knee["load"]:.4g} {html.escape(knee["unit"])}: '
-            f"nearest saturation {html.escape(_RESOURCE_LABELS.get(cause['resource'], ''))} "
-            f"({cause['saturation']:.0%}) in the outlined level</text>"
+            + html.escape(
+                knee_cause_words(_RESOURCE_LABELS.get(cause["resource"], ""), cause["saturation"])
+            )
+            + " in the outlined level</text>"
         )
     out.append("</svg>")
     return "".join(out)
