@@ -144,6 +144,17 @@ async def test_a_load_pod_that_no_node_fits_is_named_instead_of_sending_load() -
     pod["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
     await _run(api)
     assert _phase(api) == ("Running", "LoadRunning")
+    # Ended, before the Job says so: not a problem of the pod's.
+    pod["status"] = {
+        "phase": "Succeeded",
+        "conditions": [{"type": "Ready", "status": "False"}],
+        "containerStatuses": [
+            {"name": "load", "ready": False, "restartCount": 0,
+             "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}},
+        ],
+    }  # fmt: skip
+    await _run(api)
+    assert _phase(api) == ("Running", "LoadRunning")
 
 
 async def test_the_load_job_gets_its_own_account_allowed_only_to_write_its_results() -> None:

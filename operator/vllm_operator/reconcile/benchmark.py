@@ -291,7 +291,11 @@ async def reconcile_inference_benchmark(
         pods = await api.list(
             "v1", "Pod", ns, label_selector=f"batch.kubernetes.io/job-name={name}"
         )
-        problem = pod_problem(None, pods)
+        # A pod that has ended is the Job's to count (its conditions follow within moments).
+        ended = ("Succeeded", "Failed")
+        problem = pod_problem(
+            None, [p for p in pods if p.get("status", {}).get("phase") not in ended]
+        )
         if problem is not None:
             reason, message = (
                 problem.reason,
