@@ -8,6 +8,8 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
+
 from tests.fakes import RecordingCluster
 from tests.specs import BASE, lock_job
 from vllm_operator.reconcile.benchmark import reconcile_inference_benchmark
@@ -539,6 +541,28 @@ async def test_a_noisy_neighbour_with_a_cpu_request_competes_for_its_share() -> 
     job = api.objects[("batch/v1", "Job", "team-a", "load-neighbour")]
     (container,) = job["spec"]["template"]["spec"]["containers"]
     assert container["resources"] == {"requests": {"cpu": "500m"}}
+
+
+@pytest.mark.parametrize(
+    ("state", "gone"),
+    [("Failed", True), ("Succeeded", False)],
+    ids=["a failed load Job takes its neighbour away", "one that ran to the end dismissed it"],
+)
+async def test_the_neighbour_goes_with_a_failed_load_job(state: str, gone: bool) -> None:
+    api = RecordingCluster()
+    bench = copy.deepcopy(BENCH)
+    bench["spec"]["chaos"] = {"ratePerSecond": 2, "noisyNeighbour": {"cpuShare": 0.5}}
+    api.put(bench)
+    api.put(_target(ready=True))
+    _servers(api)
+    await _run(api)
+    neighbour = ("batch/v1", "Job", "team-a", "load-neighbour")
+    assert neighbour in api.objects
+    _job_done(api, state, {"failure": {"reason": "Whatever", "message": "m"}}
+              if state == "Failed" else {"headline": {"requests": 1}})  # fmt: skip
+    await _run(api)
+    assert (neighbour not in api.objects) == gone
+    assert (("delete", "Job", "load-neighbour") in api.calls) == gone
 
 
 async def test_a_noisy_neighbour_lands_beside_the_first_ready_server() -> None:

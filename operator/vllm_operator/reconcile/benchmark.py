@@ -47,6 +47,7 @@ from vllm_operator.render.benchmark import (
     build_results_config_map,
     build_spec_config_map,
     load_job_name,
+    neighbour_job_name,
     results_config_map_name,
 )
 from vllm_operator.render.deployment import served_model_name
@@ -310,6 +311,11 @@ async def reconcile_inference_benchmark(
             status("Running", reason, message, start_time=old.start_time or now),
         )
         return "Running"
+    if state == "Failed" and bench.spec.chaos is not None and bench.spec.chaos.noisy_neighbour:
+        # A load Job that failed may not have dismissed its neighbour, which then sits out
+        # its order's time limit and its own deadline (holding its CPU request): gone now.
+        # (A load Job that ends well dismisses it, and the neighbour's Job completes.)
+        await api.delete("batch/v1", "Job", neighbour_job_name(bench), ns)
     report = await job_report(api, ns, job["metadata"]["name"])
     results = results_config_map_name(bench)
     written = report.get("resultsConfigMap") == results
