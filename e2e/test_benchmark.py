@@ -457,3 +457,30 @@ def test_network_faults_move_the_measured_latency_by_what_was_injected(
     # reads before its first token (none in 20 or more: under 1 in 10,000).
     faulty_p99 = hurt["fromSend"]["ttft"]["p99"]
     assert faulty_p99 - faulty_p50 >= 150, (faulty_p50, faulty_p99)
+
+
+def test_a_load_job_that_fails_mid_burn_takes_its_neighbour_with_it(
+    cluster: ClusterHandle, real_images: Images, target_ns: str
+) -> None:
+    """The load Job's pod is killed while the neighbour burns: the Job fails (a benchmark is
+    never retried), the benchmark says so, and the operator deletes the neighbour's Job."""
+    ns = target_ns
+    target = _isvc("svc", "cpu", real_images.fault_server, replicas=1,
+                   warmup={"enabled": False})  # fmt: skip
+    cluster.apply(target, namespace=ns)
+    _wait_ready(cluster, ns, 1)
+    bench = _bench("dies", "svc", 20)
+    bench["spec"]["chaos"] = {"ratePerSecond": 2, "noisyNeighbour": {"cpuShare": 0.5}}
+    cluster.apply(bench, namespace=ns)
+    wait_for(lambda: _neighbour_burning(cluster, ns, "dies"), "the neighbour to burn", timeout=240)
+    cluster.kubectl("delete", "pods", "-n", ns, "-l", "job-name=dies-load", "--grace-period=0",
+                    "--force")  # fmt: skip
+    wait_for(lambda: _phase(cluster, ns, "dies") == "Failed", "the benchmark to fail", timeout=120)
+    wait_for(
+        lambda: (
+            _get(cluster, ns, "job", "dies-neighbour") is None
+            and not (_get(cluster, ns, "pods", "-l", "job-name=dies-neighbour") or {}).get("items")
+        ),
+        "the neighbour's Job and pod to go",
+        timeout=120,
+    )
