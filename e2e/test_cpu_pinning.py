@@ -102,7 +102,7 @@ def _run(
     return chaos, server_cpus, neighbour_cpus
 
 
-def test_a_pinned_server_keeps_its_tail_beside_a_noisy_neighbour_and_an_unpinned_one_does_not(
+def test_a_pinned_server_keeps_its_median_beside_a_noisy_neighbour_and_an_unpinned_one_does_not(
     cluster: ClusterHandle,
     real_images: Images,
     static_cpu_manager: None,
