@@ -105,6 +105,20 @@ def _wait_ready(cluster: ClusterHandle, ns: str, replicas: int) -> None:
     )
 
 
+def _start_burning(cluster: ClusterHandle, real_images: Images, ns: str, name: str) -> None:
+    """A CPU-bound target, and benchmark ``name`` against it whose chaos phase burns half
+    the node's CPUs beside it; returns once the neighbour burns (after the level's 20 s
+    and the plain run's 20 s)."""
+    target = _isvc("svc", "cpu", real_images.fault_server, replicas=1,
+                   warmup={"enabled": False})  # fmt: skip
+    cluster.apply(target, namespace=ns)
+    _wait_ready(cluster, ns, 1)
+    bench = _bench(name, "svc", 20)
+    bench["spec"]["chaos"] = {"ratePerSecond": 2, "noisyNeighbour": {"cpuShare": 0.5}}
+    cluster.apply(bench, namespace=ns)
+    wait_for(lambda: _neighbour_burning(cluster, ns, name), "the neighbour to burn", timeout=240)
+
+
 def _refused(cluster: ClusterHandle, *args: str) -> str:
     proc = cluster.kubectl(*args, check=False)
     assert proc.returncode != 0, f"{' '.join(args)} was allowed"
@@ -395,16 +409,7 @@ def test_deleting_a_benchmark_mid_burn_with_the_operator_down_takes_the_neighbou
     the burn) with the benchmark, no operator needed."""
     ns = target_ns
     operator: PodOperator = chart_operator.process
-    target = _isvc("svc", "cpu", real_images.fault_server, replicas=1,
-                   warmup={"enabled": False})  # fmt: skip
-    cluster.apply(target, namespace=ns)
-    _wait_ready(cluster, ns, 1)
-    bench = _bench("gone", "svc", 20)
-    bench["spec"]["chaos"] = {"ratePerSecond": 2, "noisyNeighbour": {"cpuShare": 0.5}}
-    cluster.apply(bench, namespace=ns)
-
-    # The level (20 s) and the plain run (20 s) come first; then the neighbour burns.
-    wait_for(lambda: _neighbour_burning(cluster, ns, "gone"), "the neighbour to burn", timeout=240)
+    _start_burning(cluster, real_images, ns, "gone")
     operator.stop()
     try:
         cluster.kubectl("delete", "inferencebenchmark", "gone", "-n", ns, "--wait=false")
@@ -465,14 +470,7 @@ def test_a_load_job_that_fails_mid_burn_takes_its_neighbour_with_it(
     """The load Job's pod is killed while the neighbour burns: the Job fails (a benchmark is
     never retried), the benchmark says so, and the operator deletes the neighbour's Job."""
     ns = target_ns
-    target = _isvc("svc", "cpu", real_images.fault_server, replicas=1,
-                   warmup={"enabled": False})  # fmt: skip
-    cluster.apply(target, namespace=ns)
-    _wait_ready(cluster, ns, 1)
-    bench = _bench("dies", "svc", 20)
-    bench["spec"]["chaos"] = {"ratePerSecond": 2, "noisyNeighbour": {"cpuShare": 0.5}}
-    cluster.apply(bench, namespace=ns)
-    wait_for(lambda: _neighbour_burning(cluster, ns, "dies"), "the neighbour to burn", timeout=240)
+    _start_burning(cluster, real_images, ns, "dies")
     cluster.kubectl("delete", "pods", "-n", ns, "-l", "job-name=dies-load", "--grace-period=0",
                     "--force")  # fmt: skip
     wait_for(lambda: _phase(cluster, ns, "dies") == "Failed", "the benchmark to fail", timeout=120)

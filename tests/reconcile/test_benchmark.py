@@ -480,6 +480,18 @@ def _servers(api: RecordingCluster) -> None:
     )
 
 
+async def _chaos_run(chaos: dict[str, Any]) -> RecordingCluster:
+    """One pass of a benchmark with ``chaos`` against a Ready target and its servers."""
+    api = RecordingCluster()
+    bench = copy.deepcopy(BENCH)
+    bench["spec"]["chaos"] = chaos
+    api.put(bench)
+    api.put(_target(ready=True))
+    _servers(api)
+    await _run(api)
+    return api
+
+
 def _load_args(api: RecordingCluster) -> list[str]:
     job = api.objects[("batch/v1", "Job", "team-a", "load-load")]
     args: list[str] = job["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -508,13 +520,7 @@ async def test_the_load_job_reads_the_metrics_of_each_ready_server() -> None:
 
 
 async def test_a_chaos_restart_lets_the_load_job_evict_only_the_ready_servers() -> None:
-    api = RecordingCluster()
-    bench = copy.deepcopy(BENCH)
-    bench["spec"]["chaos"] = {"ratePerSecond": 2, "restart": {"afterSeconds": 10}}
-    api.put(bench)
-    api.put(_target(ready=True))
-    _servers(api)
-    await _run(api)
+    api = await _chaos_run({"ratePerSecond": 2, "restart": {"afterSeconds": 10}})
     args = _load_args(api)
     assert _values(args, "--restart-pod") == ["chat-a", "chat-b"]
     assert _values(args, "--restart-namespace") == ["team-a"]
@@ -531,13 +537,7 @@ async def test_a_chaos_restart_lets_the_load_job_evict_only_the_ready_servers() 
 
 
 async def test_a_noisy_neighbour_with_a_cpu_request_competes_for_its_share() -> None:
-    api = RecordingCluster()
-    bench = copy.deepcopy(BENCH)
-    bench["spec"]["chaos"] = {"ratePerSecond": 2, "noisyNeighbour": {"cpuRequest": "500m"}}
-    api.put(bench)
-    api.put(_target(ready=True))
-    _servers(api)
-    await _run(api)
+    api = await _chaos_run({"ratePerSecond": 2, "noisyNeighbour": {"cpuRequest": "500m"}})
     job = api.objects[("batch/v1", "Job", "team-a", "load-neighbour")]
     (container,) = job["spec"]["template"]["spec"]["containers"]
     assert container["resources"] == {"requests": {"cpu": "500m"}}
@@ -549,13 +549,7 @@ async def test_a_noisy_neighbour_with_a_cpu_request_competes_for_its_share() -> 
     ids=["a failed load Job takes its neighbour away", "one that ran to the end dismissed it"],
 )
 async def test_the_neighbour_goes_with_a_failed_load_job(state: str, gone: bool) -> None:
-    api = RecordingCluster()
-    bench = copy.deepcopy(BENCH)
-    bench["spec"]["chaos"] = {"ratePerSecond": 2, "noisyNeighbour": {"cpuShare": 0.5}}
-    api.put(bench)
-    api.put(_target(ready=True))
-    _servers(api)
-    await _run(api)
+    api = await _chaos_run({"ratePerSecond": 2, "noisyNeighbour": {"cpuShare": 0.5}})
     neighbour = ("batch/v1", "Job", "team-a", "load-neighbour")
     assert neighbour in api.objects
     _job_done(api, state, {"failure": {"reason": "Whatever", "message": "m"}}
@@ -566,13 +560,7 @@ async def test_the_neighbour_goes_with_a_failed_load_job(state: str, gone: bool)
 
 
 async def test_a_noisy_neighbour_lands_beside_the_first_ready_server() -> None:
-    api = RecordingCluster()
-    bench = copy.deepcopy(BENCH)
-    bench["spec"]["chaos"] = {"ratePerSecond": 2, "noisyNeighbour": {"cpuShare": 0.5}}
-    api.put(bench)
-    api.put(_target(ready=True))
-    _servers(api)
-    await _run(api)
+    api = await _chaos_run({"ratePerSecond": 2, "noisyNeighbour": {"cpuShare": 0.5}})
     jobs = [name for verb, kind, name in api.calls if verb == "apply" and kind == "Job"]
     # It is there before the load Job that orders it.
     assert jobs == ["load-neighbour", "load-load"]
