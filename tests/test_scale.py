@@ -110,6 +110,15 @@ def _runs() -> list[dict[str, Any]]:
         runs.append({"kind": "raw", "services": 100, "repeat": repeat, "seconds": raw_s})
         runs.append(
             {
+                "kind": "children",
+                "services": 100,
+                "repeat": repeat,
+                "seconds": raw_s * 2,
+                "rejected_writes": {"PUT endpointslices 422": 10.0 * repeat},
+            }
+        )
+        runs.append(
+            {
                 "kind": "operator",
                 "services": 100,
                 "repeat": repeat,
@@ -141,6 +150,16 @@ def test_the_summary_gives_the_medians_and_the_ratio_of_the_medians() -> None:
     assert steady["reconciles_per_service"] == 1.0
     assert steady["cluster_lists"] == {"nodes cluster": 1.0}
     assert steady["overlapped"] == 1
+    # The children alone took twice the raw time in each repeat: the operator's time
+    # against theirs is what the operator itself adds.
+    assert entry["children_median_s"] == 22.0
+    assert entry["children_ratio"] == 2.0
+    assert entry["ratio_to_children"] == pytest.approx(40.0 / 22.0)
+    assert entry["rejected_writes"] == {
+        "raw": {},
+        "children": {"PUT endpointslices 422": 20.0},
+        "operator": {},
+    }
 
 
 def test_a_size_that_stopped_early_has_no_ratio_rather_than_a_wrong_one() -> None:
@@ -148,6 +167,7 @@ def test_a_size_that_stopped_early_has_no_ratio_rather_than_a_wrong_one() -> Non
     [entry] = scale.summarise(runs)
     assert entry["raw_median_s"] == 30.0
     assert entry["operator_median_s"] is None and entry["ratio"] is None
+    assert entry["children_median_s"] is None and entry["ratio_to_children"] is None
 
 
 def test_the_markdown_report_fits_100_columns_and_names_the_fake_nodes_gpus() -> None:
@@ -171,7 +191,9 @@ def test_the_markdown_report_fits_100_columns_and_names_the_fake_nodes_gpus() ->
     text = scale.markdown(report)
     assert max(len(line) for line in text.splitlines()) <= 100
     assert "200 kwok fake nodes of 16 x NVIDIA L4 each" in text
-    assert "| 100 | 11.0 | 40.0 | 3.64 | 2.50 | 2.00 |" in text
+    assert "| 100 | 11.0 | 22.0 | 40.0 | 3.64 | 1.82 | 2.50 | 2.00 |" in text
+    assert "| 100 | 1 | 10.0 | 20.0 | 40.0 | 4.00 |" in text
+    assert "- 100 services, children: PUT endpointslices 422 20" in text
     assert "| 100 | GET pods | 3.00 | - |" in text
     assert "**Stopped early**: timed out" in text
 
@@ -210,4 +232,113 @@ def test_cpu_time_is_read_after_a_command_name_with_spaces_and_parentheses() -> 
     assert scale.cpu_seconds(stat, 100) == 3.0
     assert scale.cpu_gained({"operator": 5.0, "apiserver": 9.0}, {"operator": 3.0}) == {
         "operator": 2.0
+    }
+
+
+def _applied() -> list[dict[str, Any]]:
+    """A Deployment, Service and PDB as the apiserver returns what the operator applied
+    for service s-00000 (abridged)."""
+    label = {"inference.vllm-operator.dev/inference-service": "s-00000"}
+    meta = {
+        "namespace": "scale-op-500-1",
+        "labels": {**label, "app.kubernetes.io/instance": "s-00000"},
+        "uid": "u",
+        "resourceVersion": "15",
+        "creationTimestamp": "2026-12-05T00:06:59Z",
+        "generation": 1,
+        "managedFields": [{"manager": "vllm-operator"}],
+        "ownerReferences": [{"kind": "InferenceService", "name": "s-00000", "uid": "o"}],
+    }
+    return [
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {
+                **meta,
+                "name": "s-00000",
+                "annotations": {"deployment.kubernetes.io/revision": "1"},
+            },
+            "spec": {
+                "selector": {"matchLabels": label},
+                "template": {
+                    "metadata": {"labels": label},
+                    "spec": {"containers": [{"args": ["--served-model-name", "s-00000"]}]},
+                },
+            },
+            "status": {"availableReplicas": 1},
+        },
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {**meta, "name": "s-00000"},
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": label}},
+            "status": {"currentHealthy": 1},
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {**meta, "name": "s-00000"},
+            "spec": {
+                "clusterIP": "198.18.141.185",
+                "clusterIPs": ["198.18.141.185"],
+                "selector": label,
+                "ports": [{"port": 8000}],
+            },
+        },
+    ]
+
+
+def test_the_children_are_what_the_operator_applied_without_what_the_cluster_added() -> None:
+    template = scale.children_template(_applied())
+    # In the operator's order: the Service and budget, then the workload.
+    assert [o["kind"] for o in template] == ["Service", "PodDisruptionBudget", "Deployment"]
+    for obj in template:
+        assert "status" not in obj
+        assert set(obj["metadata"]) == {"namespace", "labels", "name"}
+    assert "clusterIP" not in template[0]["spec"] and "clusterIPs" not in template[0]["spec"]
+    # The input is left as it was.
+    assert _applied()[0]["metadata"]["annotations"]
+
+
+def test_a_copy_of_the_children_is_renamed_and_hidden_from_the_operators_watches() -> None:
+    template = scale.children_template(_applied())
+    service, budget, deployment = scale.children_of(template, "s-00000", "c-00042", "ns-x")
+    key = scale.CHILDREN_LABEL_PREFIX + "inference-service"
+    for obj in (service, budget, deployment):
+        assert obj["metadata"]["name"] == "c-00042" and obj["metadata"]["namespace"] == "ns-x"
+        # None of the operator's label keys is left: its watches select on them.
+        assert obj["metadata"]["labels"] == {
+            key: "c-00042",
+            "app.kubernetes.io/instance": "c-00042",
+        }
+    assert service["spec"]["selector"] == {key: "c-00042"}
+    assert budget["spec"]["selector"] == {"matchLabels": {key: "c-00042"}}
+    pod = deployment["spec"]["template"]
+    assert pod["metadata"]["labels"] == {key: "c-00042"}
+    assert pod["spec"]["containers"][0]["args"] == ["--served-model-name", "c-00042"]
+    # A name that is only part of a string is not one to rename.
+    assert scale.children_of(
+        [{"kind": "ConfigMap", "metadata": {"name": "s-00000"}, "data": {"a": "xs-00000y"}}],
+        "s-00000", "c-1", "ns",
+    )[0]["data"] == {"a": "xs-00000y"}  # fmt: skip
+
+
+def test_only_writes_refused_as_invalid_or_forbidden_count_as_rejected() -> None:
+    text = "\n".join(
+        f'apiserver_request_total{{code="{code}",resource="{res}",verb="{verb}"}} {n}'
+        for verb, res, code, n in [
+            ("PUT", "endpointslices", "422", 7),
+            ("PUT", "endpoints", "422", 3),
+            ("POST", "pods", "403", 2),
+            ("PUT", "deployments", "409", 5),  # a race, retried: not rejected
+            ("GET", "services", "404", 9),  # a read
+            ("LIST", "pods", "422", 1),  # a read, however it ended
+            ("PATCH", "pods", "200", 4),
+        ]
+    )
+    counters = scale.parse_counters(text + "\n", (scale.APISERVER_REQUESTS,))
+    assert scale.rejected_writes(counters) == {
+        "POST pods 403": 2.0,
+        "PUT endpoints 422": 3.0,
+        "PUT endpointslices 422": 7.0,
     }
