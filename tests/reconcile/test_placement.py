@@ -80,3 +80,29 @@ def test_a_gpu_node_status_is_parsed_once_per_resource_version() -> None:
     assert gpu_profiles([node], [changed])[0].count == 1 != first[0].count
     # A GPUNode of a node that is not a candidate is not read at all.
     assert gpu_profiles([], [changed]) == []
+
+
+def test_a_nodes_profile_is_built_again_when_the_node_or_its_gpu_node_moves() -> None:
+    """Profiles are kept by the node's and its GPUNode's resourceVersions: a new version of
+    either is a new profile; the same versions are the same objects, so the same profile."""
+    from vllm_operator.reconcile.placement import gpu_profiles
+
+    def node(version: str | None, product: str) -> Any:
+        meta: dict[str, Any] = {"name": "n-profile", "labels": {PRODUCT: product}}
+        if version is not None:
+            meta["resourceVersion"] = version
+        return {"metadata": meta, "status": {"allocatable": {GPU_RESOURCE: "1"}}}
+
+    [l4] = gpu_profiles([node("7", "NVIDIA-L4")], [])
+    assert l4.product == "NVIDIA-L4"
+    # Relabelled: a new resourceVersion, a new profile.
+    [h100] = gpu_profiles([node("8", "NVIDIA-H100-80GB-HBM3")], [])
+    assert h100.product == "NVIDIA-H100-80GB-HBM3"
+    # The same version is the same object: its profile is not built again.
+    assert gpu_profiles([node("8", "NVIDIA-H100-80GB-HBM3")], [])[0] is h100
+    # A hand-made node without a version is profiled every time.
+    assert gpu_profiles([node(None, "NVIDIA-L4")], [])[0].product == "NVIDIA-L4"
+    assert gpu_profiles([node(None, "NVIDIA-H100-80GB-HBM3")], [])[0] is not h100
+    # A GPUNode that appears gives the node another profile, even at the node's version.
+    gpu_node = {"metadata": {"name": "n-profile", "resourceVersion": "3"}, "status": {}}
+    assert gpu_profiles([node("8", "NVIDIA-H100-80GB-HBM3")], [gpu_node])[0] is not h100

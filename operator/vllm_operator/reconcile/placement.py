@@ -109,22 +109,36 @@ def _gpu_node_status(gpu_node: Manifest) -> GPUNodeStatus | None:
     return status
 
 
+# Node profiles as built, by the node's and its GPUNode's (name, resourceVersion): a node's
+# profile is built once per change of either, instead of for every node in every pass of
+# every service (at 200 fake nodes, 4 % of the operator's samples while 500 services
+# rolled in, py-spy). Bounded like _PARSED, and skipped the same way without versions.
+_PROFILES: Final[OrderedDict[tuple[str, str, str], GPUProfile | None]] = OrderedDict()
+
+
+def _node_profile(node: Manifest, gpu_node: Manifest | None) -> GPUProfile | None:
+    meta = node["metadata"]
+    name, version = str(meta["name"]), str(meta.get("resourceVersion") or "")
+    gpu_version = "" if gpu_node is None else str(gpu_node["metadata"].get("resourceVersion") or "")
+    key = (name, version, gpu_version)
+    cacheable = bool(version) and (gpu_node is None or bool(gpu_version))
+    if cacheable and key in _PROFILES:
+        _PROFILES.move_to_end(key)
+        return _PROFILES[key]
+    status = _gpu_node_status(gpu_node) if gpu_node is not None else None
+    profile = node_profile(meta.get("labels") or {}, status, node=name)
+    if cacheable:
+        _PROFILES[key] = profile
+        if len(_PROFILES) > _PARSED_MAX:
+            _PROFILES.popitem(last=False)
+    return profile
+
+
 def gpu_profiles(nodes: list[Manifest], gpu_nodes: list[Manifest]) -> list[GPUProfile]:
     """One profile per node: from its GPUNode status when the agent published one."""
     wanted = {n["metadata"]["name"] for n in nodes}
-    statuses: dict[str, GPUNodeStatus] = {}
-    for gn in gpu_nodes:
-        name = gn["metadata"]["name"]
-        if name in wanted and (status := _gpu_node_status(gn)) is not None:
-            statuses[name] = status
-    profiles = (
-        node_profile(
-            n["metadata"].get("labels", {}),
-            statuses.get(n["metadata"]["name"]),
-            node=n["metadata"]["name"],
-        )
-        for n in nodes
-    )
+    by_name = {name: gn for gn in gpu_nodes if (name := gn["metadata"]["name"]) in wanted}
+    profiles = (_node_profile(n, by_name.get(n["metadata"]["name"])) for n in nodes)
     return [p for p in profiles if p is not None]
 
 

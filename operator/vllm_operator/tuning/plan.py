@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from vllm_operator.models.inference_service import (
@@ -702,10 +702,9 @@ def _unique(profiles: Sequence[GPUProfile]) -> list[GPUProfile]:
     """One profile per distinct GPU set (many nodes share a shape); order kept."""
     seen: set[tuple[Any, ...]] = set()
     result: list[GPUProfile] = []
-    key: Callable[[GPUProfile], tuple[Any, ...]] = _shape
     for p in profiles:
-        if key(p) not in seen:
-            seen.add(key(p))
+        if (shape := _shape(p)) not in seen:
+            seen.add(shape)
             result.append(p)
     return result
 
