@@ -116,7 +116,7 @@ class OperatorSettings(BaseSettings):
     max_retry_seconds: float = Field(
         default=300.0, gt=0, description="Longest back-off after a transient error."
     )
-    workers: int = Field(default=4, ge=1, le=64, description="Reconciles running at once.")
+    workers: int = Field(default=16, ge=1, le=64, description="Reconciles running at once.")
     request_timeout_seconds: float = Field(
         default=30.0,
         gt=0,
