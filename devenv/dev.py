@@ -159,6 +159,19 @@ def service_url(cluster: ClusterHandle, namespace: str, name: str) -> str:
     return f"http://{svc['spec']['clusterIP']}:{port}"
 
 
+def answers(url: str) -> bool:
+    """Whether ``url`` answers 200 now. A Service's ClusterIP refuses connections until the
+    EndpointSlice controller has listed a Ready pod and kube-proxy has written its rules,
+    which can lag the pod's (and so the InferenceService's) Ready condition by seconds on
+    a loaded node: poll this before the first request through a new Service."""
+    import httpx
+
+    try:
+        return httpx.get(url, timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def ttft_ms(url: str, prompt: str) -> float:
     """Milliseconds to the first streamed token of one chat completion at ``url``."""
     import httpx

@@ -21,7 +21,7 @@ import yaml
 from devenv.cluster import node
 from devenv.cluster.cluster import ClusterHandle
 from devenv.cluster.processes import wait_until
-from devenv.dev import service_url
+from devenv.dev import answers, service_url
 from e2e.real_node_fixtures import ChartOperator
 from e2e.test_real_node import SAMPLE, server_pod
 from vllm_operator.constants import LABEL_SERVICE, LABEL_WARMUP_FOR
@@ -122,6 +122,7 @@ def test_adapters_are_added_and_removed_on_a_running_server_without_a_restart(
     assert {"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "True"} in container["env"]
 
     url = service_url(cluster, ns, NAME)
+    wait_until(f"{NAME}'s Service answering", lambda: answers(f"{url}/health"), 60)
     base = _completion(url, "tiny-llama")
     sql = _completion(url, "sql")
     assert base[0] == 200 and sql[0] == 200, (base, sql)

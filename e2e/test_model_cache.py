@@ -27,7 +27,7 @@ from devenv.cluster import node
 from devenv.cluster.cluster import ClusterHandle
 from devenv.cluster.images import Images
 from devenv.cluster.processes import wait_until
-from devenv.dev import service_url
+from devenv.dev import answers, service_url
 from e2e.real_node_fixtures import ChartOperator
 from e2e.test_real_node import SAMPLE
 
@@ -133,10 +133,7 @@ def _start_hub(cluster: ClusterHandle, ns: str, image: str) -> None:
 
 
 def _answers(cluster: ClusterHandle, ns: str) -> bool:
-    try:
-        return httpx.get(f"{_hub(cluster, ns)}/_stats", timeout=5).status_code == 200
-    except httpx.HTTPError:
-        return False
+    return answers(f"{_hub(cluster, ns)}/_stats")
 
 
 def _volumes(cluster: ClusterHandle, ns: str) -> list[str]:
@@ -409,6 +406,9 @@ def test_two_services_share_the_cache_without_asking_the_hub(
         cluster.kubectl("wait", "--for=condition=Ready", f"vis/{name}", "-n", ns,
                         "--timeout=480s", timeout=490)  # fmt: skip
     url = service_url(cluster, ns, "cached-a")
+    # Ready is the pods'; the Service routes to them once its endpoints and kube-proxy's
+    # rules catch up (CI met a refused connection right after Ready).
+    wait_until("cached-a's Service answering", lambda: answers(f"{url}/health"), 60)
     answer = httpx.post(
         f"{url}/v1/completions",
         json={"model": "tiny-llama", "prompt": "The cache", "max_tokens": 4},

@@ -30,7 +30,7 @@ from devenv.cluster import node
 from devenv.cluster.cluster import ClusterHandle
 from devenv.cluster.images import Images
 from devenv.cluster.processes import wait_until
-from devenv.dev import service_url
+from devenv.dev import answers, service_url
 from devenv.vllm_server import Streams
 from e2e.real_node_fixtures import ChartOperator, operator_pod
 from vllm_operator.bench.archive import unpack
@@ -195,6 +195,7 @@ def test_a_service_is_served_by_a_real_vllm_container_after_a_real_warmup(
 
     # A chat completion through the Service's ClusterIP (kube-proxy's rules).
     url = service_url(cluster, ns, "tiny-chat")
+    wait_until("tiny-chat's Service answering", lambda: answers(f"{url}/health"), 60)
     body = {"model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
     answer = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
     assert answer.status_code == 200, answer.text
