@@ -106,3 +106,23 @@ def test_a_nodes_profile_is_built_again_when_the_node_or_its_gpu_node_moves() ->
     # A GPUNode that appears gives the node another profile, even at the node's version.
     gpu_node = {"metadata": {"name": "n-profile", "resourceVersion": "3"}, "status": {}}
     assert gpu_profiles([node("8", "NVIDIA-H100-80GB-HBM3")], [gpu_node])[0] is not h100
+
+
+def test_the_memo_keeps_its_most_recent_entries_and_builds_without_a_key() -> None:
+    """Bounded, least recently used out first; a None key (no resourceVersion) is never kept."""
+    from vllm_operator.reconcile.placement import _Memo
+
+    built: list[str] = []
+
+    def build(value: str) -> Any:
+        return lambda: built.append(value) or value
+
+    memo: _Memo[str, str] = _Memo(2)
+    assert memo.get("a", build("a1")) == "a1"
+    assert memo.get("b", build("b1")) == "b1"
+    assert memo.get("a", build("a2")) == "a1"  # kept, and now the most recent
+    assert memo.get("c", build("c1")) == "c1"  # over the bound: "b" goes, not "a"
+    assert memo.get("a", build("a3")) == "a1"
+    assert memo.get("b", build("b2")) == "b2"
+    assert memo.get(None, build("n1")) == "n1" and memo.get(None, build("n2")) == "n2"
+    assert built == ["a1", "b1", "c1", "b2", "n1", "n2"]

@@ -12,9 +12,9 @@ model's shape is unknown.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Generic, TypeVar
 
 from pydantic import ValidationError
 
@@ -82,56 +82,78 @@ def candidate_nodes(isvc: InferenceService, nodes: list[Manifest]) -> list[Manif
     return [n for n in nodes if selectable(isvc, n) and allocatable_gpus(n) > 0]
 
 
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class _Memo(Generic[K, V]):
+    """A bounded memo, least recently used out first. functools.lru_cache does not fit:
+    the key is a manifest's (name, resourceVersion), not the manifest the value is built
+    from, and an object without a resourceVersion (the unit tests' hand-made ones) must
+    be built every time."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._values: OrderedDict[K, V] = OrderedDict()
+
+    def get(self, key: K | None, build: Callable[[], V]) -> V:
+        """The value for ``key``, built once; built every time when ``key`` is None."""
+        if key is None:
+            return build()
+        if key in self._values:
+            self._values.move_to_end(key)
+            return self._values[key]
+        value = self._values[key] = build()
+        if len(self._values) > self._size:
+            self._values.popitem(last=False)
+        return value
+
+    def clear(self) -> None:
+        self._values.clear()
+
+
+def _version(manifest: Manifest) -> str:
+    return str(manifest["metadata"].get("resourceVersion") or "")
+
+
 # GPUNode statuses as parsed, by (name, resourceVersion): a status is parsed once per
 # change instead of in every pass of every service (at 200 GPUNodes of two GPUs each the
-# parsing was 34 ms of each pass). Bounded; an object without a resourceVersion (the
-# unit tests' hand-made ones) is parsed every time.
-_PARSED: Final[OrderedDict[tuple[str, str], GPUNodeStatus | None]] = OrderedDict()
-_PARSED_MAX: Final = 4096
+# parsing was 34 ms of each pass).
+_PARSED: Final[_Memo[tuple[str, str], GPUNodeStatus | None]] = _Memo(4096)
 
 
 def _gpu_node_status(gpu_node: Manifest) -> GPUNodeStatus | None:
     """The GPUNode's status, or None when it cannot be read (the node's labels are used
     then)."""
-    meta = gpu_node["metadata"]
-    key = (str(meta.get("name")), str(meta.get("resourceVersion") or ""))
-    if key[1] and key in _PARSED:
-        _PARSED.move_to_end(key)
-        return _PARSED[key]
-    try:
-        status: GPUNodeStatus | None = GPUNodeStatus.model_validate(gpu_node.get("status") or {})
-    except ValidationError:
-        status = None
-    if key[1]:
-        _PARSED[key] = status
-        if len(_PARSED) > _PARSED_MAX:
-            _PARSED.popitem(last=False)
-    return status
+
+    def parse() -> GPUNodeStatus | None:
+        try:
+            return GPUNodeStatus.model_validate(gpu_node.get("status") or {})
+        except ValidationError:
+            return None
+
+    version = _version(gpu_node)
+    return _PARSED.get((str(gpu_node["metadata"].get("name")), version) if version else None, parse)
 
 
 # Node profiles as built, by the node's and its GPUNode's (name, resourceVersion): a node's
 # profile is built once per change of either, instead of for every node in every pass of
 # every service (at 200 fake nodes, 4 % of the operator's samples while 500 services
-# rolled in, py-spy). Bounded like _PARSED, and skipped the same way without versions.
-_PROFILES: Final[OrderedDict[tuple[str, str, str], GPUProfile | None]] = OrderedDict()
+# rolled in, py-spy).
+_PROFILES: Final[_Memo[tuple[str, str, str], GPUProfile | None]] = _Memo(4096)
 
 
 def _node_profile(node: Manifest, gpu_node: Manifest | None) -> GPUProfile | None:
     meta = node["metadata"]
-    name, version = str(meta["name"]), str(meta.get("resourceVersion") or "")
-    gpu_version = "" if gpu_node is None else str(gpu_node["metadata"].get("resourceVersion") or "")
-    key = (name, version, gpu_version)
+    name, version = str(meta["name"]), _version(node)
+    gpu_version = "" if gpu_node is None else _version(gpu_node)
     cacheable = bool(version) and (gpu_node is None or bool(gpu_version))
-    if cacheable and key in _PROFILES:
-        _PROFILES.move_to_end(key)
-        return _PROFILES[key]
-    status = _gpu_node_status(gpu_node) if gpu_node is not None else None
-    profile = node_profile(meta.get("labels") or {}, status, node=name)
-    if cacheable:
-        _PROFILES[key] = profile
-        if len(_PROFILES) > _PARSED_MAX:
-            _PROFILES.popitem(last=False)
-    return profile
+
+    def build() -> GPUProfile | None:
+        status = _gpu_node_status(gpu_node) if gpu_node is not None else None
+        return node_profile(meta.get("labels") or {}, status, node=name)
+
+    return _PROFILES.get((name, version, gpu_version) if cacheable else None, build)
 
 
 def gpu_profiles(nodes: list[Manifest], gpu_nodes: list[Manifest]) -> list[GPUProfile]:
