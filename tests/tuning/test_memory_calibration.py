@@ -155,6 +155,35 @@ POINTS: dict[str, Point] = {
         "defaults for utilization (0.9) and max_num_seqs (256 below 70 GiB)",
     ),
 }
+# Points from a desktop under WSL2 (one RTX 4090, vLLM 0.27.1): predicted and reported by
+# error_table, kept out of the error figures, because the machine is not a Kubernetes node's
+# and shows two differences from one. Its CUDA total is the card's whole 24564 MiB (23.99
+# GiB logged; a native driver reports about 0.45 GiB less, test_cuda_total_below_nvml,
+# which is what the tuner takes). And the memory outside the weights and the KV cache grows
+# with the weights: the budget less the tuner's weights and the logged KV tokens' bytes
+# leaves 1.47, 1.66 and 2.41 GiB beside 5.19, 8.11 and 14.19 GiB of weights (one 7B model
+# in three formats), where native 0.27.1 starts on the same card leave 0.45 and 0.44 GiB
+# beside 7.63 and 12.49 (the coldstart-recon points' own figures), and the same BF16
+# checkpoint on an H100 closes within 0.1 %. The two pull opposite ways, so small models
+# come out close and large ones do not (the BF16 7B +22 %).
+_WSL2 = "under WSL2, vLLM's API-server defaults below 70 GiB (2048 batched tokens, 256 sequences)"
+WSL2: dict[str, Point] = {
+    "llmso-qwen2.5-0.5b-rtx4090-v0.27.1-gmu0.85-mml2048": Point(
+        "RTX-4090", "0.27.1", assumed=_WSL2
+    ),
+    "llmso-qwen2.5-0.5b-rtx4090-v0.27.1-gmu0.92-llm-api": Point(
+        "RTX-4090",
+        "0.27.1",
+        assumed="under WSL2, the offline LLM() API: max_model_len the model's (32768), 256 "
+        "sequences",
+    ),
+    **{
+        f"llmso-qwen2.5-7b-instruct{tail}-rtx4090-v0.27.1-gmu0.92-mml8192": Point(
+            "RTX-4090", "0.27.1", assumed=_WSL2
+        )
+        for tail in ("", "-gptq-int4", "-fp8-dynamic")
+    },
+}
 # Points that failed to start: the tuner must say they do not fit (checked apart from the
 # error distribution: vLLM's KV figure there is a shortfall, not a capacity).
 FAILED: dict[str, Point] = {
@@ -304,7 +333,7 @@ class Outcome:
 
 def outcome(point_id: str) -> Outcome:
     entry = BY_ID[point_id]
-    c, model = predict(point_id, POINTS[point_id])
+    c, model = predict(point_id, POINTS.get(point_id) or WSL2[point_id])
     if entry["kv_cache_tokens"]:
         tokens = c.kv_token_room(model.architecture)
         return Outcome(point_id, entry["kv_cache_tokens"], tokens, "tokens")
@@ -313,7 +342,7 @@ def outcome(point_id: str) -> Outcome:
 
 def test_every_point_is_predicted_or_excluded_with_a_reason() -> None:
     ids = set(BY_ID)
-    placed = set(POINTS) | set(FAILED) | set(EXCLUDED)
+    placed = set(POINTS) | set(FAILED) | set(EXCLUDED) | set(WSL2)
     assert ids == placed, (sorted(ids - placed), sorted(placed - ids))
     assert not set(POINTS) & set(EXCLUDED)
     assert all(EXCLUDED.values())
@@ -441,6 +470,17 @@ def test_cuda_total_below_nvml(card: str, logged: float, source: str) -> None:
     assert abs(predicted - logged) <= 0.06, f"{card}: {predicted:.2f} vs {logged} ({source})"
 
 
+def test_wsl2_points_show_the_whole_card_to_cuda() -> None:
+    """Why the WSL2 points stay out of the figures, in their own numbers: each that prints
+    its CUDA total prints the card's whole memory, not the native driver's smaller total."""
+    card = next(m for m in CATALOG if m.name == "RTX-4090").memory_bytes
+    totals = [BY_ID[p]["gpu_total_gib"] for p in WSL2 if BY_ID[p]["gpu_total_gib"] is not None]
+    assert totals
+    for total in totals:
+        assert abs(total - card / GIB) <= 0.01
+        assert total - memory.cuda_total_bytes(card) / GIB >= 0.4
+
+
 # --- the error table -------------------------------------------------------------------------
 
 
@@ -477,6 +517,12 @@ def error_table() -> str:
                 f"  {key} {name} ({len(errs)}): median {statistics.median(errs):.1%}, "
                 f"worst {max(errs):.1%}"
             )
+    for p in sorted(WSL2):
+        r = outcome(p)
+        lines.append(
+            f"under WSL2, not in the figures: {p}: {r.logged:,.0f} logged, "
+            f"{r.predicted:,.0f} predicted, {r.error:+.1%}"
+        )
     for p in sorted(FAILED):
         c, model = predict(p, FAILED[p])
         lines.append(
