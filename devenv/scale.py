@@ -52,7 +52,6 @@ import datetime
 import json
 import math
 import os
-import shutil
 import socket
 import statistics
 import subprocess
@@ -100,13 +99,6 @@ CHILDREN_LABEL_PREFIX: Final = "children.scale.vllm-operator.dev/"
 # The kinds the operator applies for a one-GPU service, in the order it applies them.
 CHILD_KINDS: Final = (("v1", "Service"), ("policy/v1", "PodDisruptionBudget"),
                       ("apps/v1", "Deployment"))  # fmt: skip
-# The fake pods' addresses when the bench may add a route (root): in the range reserved
-# for test networks, apart from the real node's pods (198.18.1.0/24) and Services
-# (198.18.128.0/20), behind an ``unreachable`` route for the run. kwok's default,
-# 127.64.0.0/16, is loopback, which Endpoints and EndpointSlice validation refuse: each
-# Service's endpoint controllers then retried with 422s and warning events for as long
-# as the pods lived, work a real cluster never does.
-POD_CIDR: Final = "198.19.0.0/16"
 # The name of the first service of a run, whose children the children phase copies.
 FIRST_SERVICE: Final = "s-00000"
 
@@ -1184,30 +1176,6 @@ def _loaded_from(operator: OperatorProcess) -> str:
     return proc.stdout.strip()
 
 
-def _ip(*args: str) -> str:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, check=True).stdout
-
-
-def pod_addresses() -> bool:
-    """Sets the fake pods' address range for the cluster (``VLLM_OP_POD_CIDR``) unless the
-    caller did: :data:`POD_CIDR` behind an ``unreachable`` route where this process may
-    add one (root), else kwok's loopback default, said once. Whether it added the route
-    (``main`` removes it at the end)."""
-    if os.environ.get("VLLM_OP_POD_CIDR"):
-        return False
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        say(
-            "not root: the fake pods keep loopback addresses, which Endpoints and "
-            "EndpointSlices refuse; the report's refused writes count the retries"
-        )
-        return False
-    added = not _ip("route", "show", "exact", POD_CIDR).strip()
-    if added:
-        _ip("route", "replace", "unreachable", POD_CIDR)
-    os.environ["VLLM_OP_POD_CIDR"] = POD_CIDR
-    return added
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     opts = parse_options(argv)
     # The cluster's settings come from the environment: no real node (nothing here runs a
@@ -1230,7 +1198,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     nodes_file = base.logs_dir / "scale-nodes.yaml"
     write_nodes_file(nodes_file, opts.nodes, opts.gpus_per_node, max(opts.services))
     os.environ["VLLM_OP_CLUSTER_NODES"] = str(nodes_file)
-    route_added = pod_addresses()
     settings = Settings.from_env()
 
     stamp = datetime.datetime.now(datetime.UTC)
@@ -1282,11 +1249,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if operator is not None:
             operator.stop()
         down(settings)
-        if route_added:
-            try:
-                _ip("route", "del", "unreachable", POD_CIDR)
-            except subprocess.CalledProcessError as err:
-                say(f"removing the route for {POD_CIDR} failed: {err.stderr.strip()}")
     facts["wall_s"] = round(time.monotonic() - started, 1)
     report = _report(opts, facts, runs, error)
     report_path.parent.mkdir(parents=True, exist_ok=True)

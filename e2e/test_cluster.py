@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import socket
+import subprocess
 from typing import Any
 
 import pytest
@@ -170,7 +171,7 @@ def test_gpu_deployment_lands_on_matching_node_and_becomes_ready(
     assert deployment["status"]["readyReplicas"] == gpu.count
 
 
-def test_pod_ip_is_loopback_and_a_local_process_can_serve_on_it(
+def test_pod_ip_is_local_and_a_local_process_can_serve_on_it(
     cluster: ClusterHandle, namespace: str
 ) -> None:
     _shapes_or_skip(cluster)
@@ -178,8 +179,15 @@ def test_pod_ip_is_loopback_and_a_local_process_can_serve_on_it(
     cluster.kubectl("wait", "--for=condition=Ready", "pod/web", "-n", namespace, "--timeout=60s")
     pod = cluster.kubectl_json("get", "pod", "web", "-n", namespace)
     ip = ipaddress.ip_address(pod["status"]["podIP"])
-    assert ip in _pod_cidr(cluster) and ip.is_loopback
+    assert ip in _pod_cidr(cluster)
     assert ip != ipaddress.ip_address("127.0.0.1")
+    if not ip.is_loopback:
+        # The range is local on lo (a route the cluster added), and in the test-network range.
+        assert ip in ipaddress.ip_network("198.18.0.0/15")
+        route = subprocess.run(
+            ["ip", "route", "get", str(ip)], capture_output=True, text=True, check=True
+        ).stdout
+        assert route.startswith(f"local {ip} dev lo"), route
     # What a later test does with a real vLLM: listen on the pod's IP, connect to it.
     with socket.create_server((str(ip), 0)) as server:
         port = server.getsockname()[1]
@@ -188,6 +196,46 @@ def test_pod_ip_is_loopback_and_a_local_process_can_serve_on_it(
             with conn:
                 client.sendall(b"ping")
                 assert conn.recv(4) == b"ping"
+
+
+def test_a_service_of_fake_pods_gets_their_ready_endpoints_with_its_labels(
+    cluster: ClusterHandle, namespace: str
+) -> None:
+    """As in a real cluster, the EndpointSlice controller lists a fake pod behind a Service
+    of it, and the slice carries the Service's labels (a controller watching slices by its
+    own label finds them). With loopback pod IPs the controller's writes were refused."""
+    _shapes_or_skip(cluster)
+    if _pod_cidr(cluster).is_loopback:
+        pytest.skip("loopback pod IPs (not root): Endpoints and EndpointSlices refuse them")
+    pod = _pod("backend")
+    pod["metadata"]["labels"] = {"app": "backend"}
+    cluster.apply(pod, namespace=namespace)
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "backend", "labels": {"e2e.vllm-operator.dev/owner": "test"}},
+        "spec": {"selector": {"app": "backend"}, "ports": [{"port": 80, "targetPort": 8000}]},
+    }
+    cluster.apply(service, namespace=namespace)
+    cluster.kubectl(
+        "wait", "--for=condition=Ready", "pod/backend", "-n", namespace, "--timeout=60s"
+    )
+    pod_ip = cluster.kubectl_json("get", "pod", "backend", "-n", namespace)["status"]["podIP"]
+
+    def ready_addresses() -> list[str]:
+        slices = cluster.kubectl_json(
+            "get", "endpointslices", "-n", namespace, "-l", "e2e.vllm-operator.dev/owner=test"
+        )["items"]
+        return [
+            address
+            for s in slices
+            if s["metadata"]["labels"].get("kubernetes.io/service-name") == "backend"
+            for e in s.get("endpoints") or []
+            if (e.get("conditions") or {}).get("ready")
+            for address in e["addresses"]
+        ]
+
+    wait_until("the Service's ready endpoint", lambda: ready_addresses() == [pod_ip], 60)
 
 
 def test_readiness_gate_holds_pod_unready_until_its_condition_is_true(

@@ -197,7 +197,9 @@ def _up(settings: Settings, owner: str) -> ClusterHandle:
     for client in ("controller-manager", "scheduler", "kwok"):
         write_kubeconfig(settings, component_kubeconfig(settings, client), client)
 
+    pod_network(settings.pod_cidr)  # a range it may not take: refused before anything starts
     try:
+        _pod_route(settings, "replace")
         for group in (("etcd",), ("kube-apiserver",), COMPONENTS[2:]):
             # Components of one group start together; each group needs the one before.
             pids = {
@@ -233,6 +235,40 @@ def _up(settings: Settings, owner: str) -> ClusterHandle:
     return handle
 
 
+def pod_network(cidr: str) -> ipaddress.IPv4Network | None:
+    """The fake pods' range when the cluster must make it local (not loopback), else None.
+    Refuses a range that is neither loopback nor in the test-network range the real node
+    uses, or that overlaps the real node's pods or Services: nothing here may take an
+    address that could be someone else's."""
+    try:
+        net = ipaddress.IPv4Network(cidr)
+    except ValueError as err:
+        raise ClusterError(f"VLLM_OP_POD_CIDR {cidr!r} is not an IPv4 range: {err}") from None
+    if net.is_loopback:
+        return None
+    test_net = ipaddress.IPv4Network(real_node.TEST_NET)
+    taken = [ipaddress.IPv4Network(c) for c in (real_node.POD_CIDR, real_node.SERVICE_CIDR)]
+    if not net.subnet_of(test_net) or any(net.overlaps(t) for t in taken):
+        raise ClusterError(
+            f"VLLM_OP_POD_CIDR {cidr} must lie in 127.0.0.0/8 or in {test_net} apart from "
+            f"the real node's {real_node.POD_CIDR} and {real_node.SERVICE_CIDR}"
+        )
+    return net
+
+
+def _pod_route(settings: Settings, action: str) -> None:
+    """Adds (``replace``) or removes (``del``) the route that makes the fake pods' range
+    local on ``lo`` (see settings.FAKE_POD_CIDRS); nothing for a loopback range."""
+    net = pod_network(settings.pod_cidr)
+    if net is None:
+        return
+    done = subprocess.run(
+        ["ip", "route", action, "local", str(net), "dev", "lo"], capture_output=True, text=True
+    )
+    if done.returncode != 0 and action != "del":
+        raise ClusterError(f"ip route {action} local {net} dev lo: {done.stderr.strip()}")
+
+
 def _register_nodes(settings: Settings, handle: ClusterHandle) -> None:
     manifests = fake_nodes.render_nodes(settings.nodes_file)
     handle.apply(manifests)
@@ -265,6 +301,8 @@ def _down(settings: Settings, *, quiet: bool) -> None:
     for name in reversed(COMPONENTS):
         if processes.stop(settings, name) and not quiet:
             say(f"stopped {name}")
+    with contextlib.suppress(ClusterError):  # a range never taken, since up refused it
+        _pod_route(settings, "del")
     _fresh_state(settings)
 
 

@@ -20,6 +20,24 @@ BUILD_SCRIPT = HERE / "build.sh"
 STAGES_FILE = HERE / "kwok-stages.yaml"
 
 
+# The fake pods' addresses. As root: ranges reserved for test networks, apart from the
+# real node's (node.TEST_NET's lower half), made local on `lo` by the cluster for as long
+# as it runs (cluster.py): a real local process can listen on a pod's IP, nothing sent
+# to one leaves the machine, and, unlike loopback addresses, Endpoints and EndpointSlices
+# take them, so a Service of fake pods gets endpoints as in a real cluster (with loopback
+# ones the endpoint controllers retried with 422s for as long as the pods lived). The
+# second range is for a second cluster beside the first (e2e/chart_fixtures.py). Without
+# root no route can be added: loopback ranges then, and Services of fake pods have no
+# endpoints.
+FAKE_POD_CIDRS = ("198.19.0.0/17", "198.19.128.0/17")
+LOOPBACK_POD_CIDRS = ("127.64.0.0/16", "127.65.0.0/16")
+
+
+def default_pod_cidr(second: bool = False) -> str:
+    """The fake pods' range of the first cluster (or of a second beside it)."""
+    return (FAKE_POD_CIDRS if os.geteuid() == 0 else LOOPBACK_POD_CIDRS)[int(second)]
+
+
 def _env_int(name: str, default: int) -> int:
     raw = os.environ.get(name)
     return int(raw) if raw else default
@@ -41,7 +59,8 @@ class Settings:
     controller_manager_port: int
     scheduler_port: int
     kwok_port: int
-    # Pod IPs are loopback addresses, so a real local process can listen on a pod's IP.
+    # The fake pods' IPs: local addresses, so a real local process can listen on a pod's
+    # IP (see FAKE_POD_CIDRS).
     pod_cidr: str
     # ClusterIPs: kube-proxy on the real node implements them (node.py).
     service_cidr: str
@@ -63,7 +82,7 @@ class Settings:
             controller_manager_port=_env_int("VLLM_OP_CONTROLLER_MANAGER_PORT", 20257),
             scheduler_port=_env_int("VLLM_OP_SCHEDULER_PORT", 20259),
             kwok_port=_env_int("VLLM_OP_KWOK_PORT", 20248),
-            pod_cidr=os.environ.get("VLLM_OP_POD_CIDR", "127.64.0.0/16"),
+            pod_cidr=os.environ.get("VLLM_OP_POD_CIDR") or default_pod_cidr(),
             service_cidr=os.environ.get("VLLM_OP_SERVICE_CIDR", real_node.SERVICE_CIDR),
             nodes_file=Path(
                 os.environ.get("VLLM_OP_CLUSTER_NODES") or fake_nodes.DEFAULT_NODES_FILE
