@@ -91,6 +91,19 @@ def test_a_service_gets_owned_children_and_becomes_ready(
     pods = _get(cluster, namespace, "pods", "-l", f"{GROUP}/inference-service=chat")
     assert pods is not None
     assert [p["spec"]["nodeName"] for p in pods["items"]] == ["gpu-4090x2"]
+    # Ready came only once the Service routes to the pod: its EndpointSlice (found by the
+    # label the controller copied from the Service) lists the pod's address as ready.
+    slices = _get(cluster, namespace, "endpointslices", "-l", f"{GROUP}/inference-service=chat")
+    assert slices is not None
+    ready = [
+        address
+        for s in slices["items"]
+        if s["metadata"]["labels"]["kubernetes.io/service-name"] == "chat"
+        for e in s.get("endpoints") or []
+        if e["conditions"].get("ready") is not False
+        for address in e["addresses"]
+    ]
+    assert ready == [pods["items"][0]["status"]["podIP"]]
     status = isvc["status"]
     assert status["observedGeneration"] == isvc["metadata"]["generation"]
     assert status["readyReplicas"] == 1

@@ -154,3 +154,28 @@ def _merge(target: Manifest, patch: Manifest) -> None:
             _merge(target[name], value)
         else:
             target[name] = copy.deepcopy(value)
+
+
+def endpoint_slice(
+    namespace: str, service: str, ready: int, *, unready: int = 0, name: str | None = None
+) -> Manifest:
+    """An EndpointSlice as the EndpointSlice controller writes one for Service ``service``
+    of an InferenceService of the same name: the Service's labels copied, its name in
+    ``kubernetes.io/service-name``, ``ready`` endpoints and ``unready`` ones."""
+    from vllm_operator.constants import LABEL_SERVICE
+
+    endpoints = [
+        {"addresses": [f"198.19.0.{i + 1}"], "conditions": {"ready": i < ready}}
+        for i in range(ready + unready)
+    ]
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": name or f"{service}-abcde",
+            "namespace": namespace,
+            "labels": {LABEL_SERVICE: service, "kubernetes.io/service-name": service},
+        },
+        "addressType": "IPv4",
+        "endpoints": endpoints,
+    }

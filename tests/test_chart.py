@@ -270,6 +270,7 @@ NAMESPACED_RULES = [
     ),
     (("",), ("services",), ("get", "list", "watch", "create", "patch")),
     (("policy",), ("poddisruptionbudgets",), ("get", "list", "watch", "create", "patch")),
+    (("discovery.k8s.io",), ("endpointslices",), ("list", "watch")),
     (("",), ("pods",), ("list", "watch", "patch")),
     (("",), ("secrets",), ("get",)),
     (("",), ("persistentvolumeclaims",), ("get", "create", "patch")),

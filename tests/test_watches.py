@@ -22,6 +22,7 @@ def test_the_labelled_watches_ask_the_apiserver_for_labelled_objects_only() -> N
         ("apps", "v1", "deployments"), ("", "v1", "services"), ("", "v1", "pods"),
         ("policy", "v1", "poddisruptionbudgets"),
         ("autoscaling", "v2", "horizontalpodautoscalers"),
+        ("discovery.k8s.io", "v1", "endpointslices"),
     ]:  # fmt: skip
         selectors = list(
             settings.watching.label_selectors.collect(_resource(group, version, plural))

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tests.fakes import RecordingCluster
+from tests.fakes import RecordingCluster, endpoint_slice
 from tests.specs import BASE, lock_job, node
 from vllm_operator.k8s.api import ApiError
 from vllm_operator.reconcile.groups import LWS_VERSION, as_rollout
@@ -136,6 +136,8 @@ async def test_ready_follows_the_groups_the_leaderworkerset_counts_ready() -> No
     assert ready["status"] == "False" and ready["message"] == "1 of 2 replicas are ready."
     assert _status(api)["readyReplicas"] == 1 and _status(api)["replicas"] == 2
     _groups_ready(api, 2)
+    # The Service routes to the leaders once its EndpointSlice lists them.
+    api.put(endpoint_slice("team-a", "chat", ready=2))
     outcome = await _reconcile(api, body)
     assert outcome.ready
     assert _condition(api, "Ready")["reason"] == "AllReplicasReady"

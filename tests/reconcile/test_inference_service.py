@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.fakes import RecordingCluster
+from tests.fakes import RecordingCluster, endpoint_slice
 from tests.specs import BASE
 from vllm_operator.constants import TESTED_VLLM_VERSION
 from vllm_operator.k8s.api import ApiError
@@ -160,7 +160,7 @@ async def test_an_invalid_stored_object_is_reported_not_rendered() -> None:
     assert stalled["reason"] == "InvalidSpec" and "replicas" in stalled["message"]
 
 
-async def test_ready_once_the_deployment_reports_ready_replicas() -> None:
+async def test_ready_once_the_deployment_reports_ready_replicas_and_the_service_routes() -> None:
     api, body = _cluster(warmup={"enabled": False})
     await reconcile_inference_service(api, body, settings=SETTINGS, now=NOW)
     key = ("apps/v1", "Deployment", "team-a", "chat")
@@ -172,6 +172,24 @@ async def test_ready_once_the_deployment_reports_ready_replicas() -> None:
         "readyReplicas": 1,
         "availableReplicas": 1,
     }
+    # The pod is ready, but the Service's EndpointSlice does not list it yet (the
+    # EndpointSlice controller lags): a request through the Service would be refused.
+    api.put(endpoint_slice("team-a", "chat", ready=0, unready=1))
+    # A slice of another Service carrying the label (someone's) does not count.
+    api.put(endpoint_slice("team-a", "other", ready=1, name="other-x"))
+    outcome = await reconcile_inference_service(api, _stored(api, body), settings=SETTINGS, now=NOW)
+    assert not outcome.ready
+    ready = _condition(api, body, "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "AwaitingEndpoints")
+    assert ready["message"] == (
+        "1 of 1 replicas are ready; the Service chat does not list any of them as a ready "
+        "endpoint yet."
+    )
+    reconciling = _condition(api, body, "Reconciling")
+    assert (reconciling["status"], reconciling["reason"]) == ("True", "AwaitingEndpoints")
+    assert _condition(api, body, "Stalled")["status"] == "False"
+
+    api.put(endpoint_slice("team-a", "chat", ready=1))
     outcome = await reconcile_inference_service(api, _stored(api, body), settings=SETTINGS, now=NOW)
     assert outcome.ready
     assert _condition(api, body, "Ready")["status"] == "True"

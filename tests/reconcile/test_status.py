@@ -49,6 +49,24 @@ ROWS = [
     ),
     pytest.param(
         {"warmup": {"enabled": False}},
+        {"deployment": _deployment(replicas=1, ready=1), "endpoints": 0},
+        ("False", "AwaitingEndpoints"),
+        id="ready replicas the Service does not route to yet are not Ready",
+    ),
+    pytest.param(
+        {"warmup": {"enabled": False}, "replicas": 2},
+        {"deployment": _deployment(replicas=2, ready=2), "endpoints": 1},
+        ("True", "AllReplicasReady"),
+        id="one ready endpoint is enough: the Service serves",
+    ),
+    pytest.param(
+        {"replicas": 0, "warmup": {"enabled": False}},
+        {"deployment": _deployment(replicas=0, ready=0), "endpoints": 0},
+        ("True", "ScaledToZero"),
+        id="no endpoint is expected of zero replicas",
+    ),
+    pytest.param(
+        {"warmup": {"enabled": False}},
         {"deployment": None},
         ("False", "Creating"),
         id="a service without its Deployment yet is Creating",
@@ -191,3 +209,24 @@ def test_pods_refused_by_admission_are_named_in_ready() -> None:
     assert ready.message == (
         f"0 of 1 replicas run the latest pod template. Pods cannot be created: {refusal}"
     )
+
+
+def test_ready_endpoints_counts_the_services_own_ready_ones() -> None:
+    """Only the slices of the Service of that name; an endpoint whose ready is unset is
+    ready (the EndpointSlice API's reading), one whose ready is false is not."""
+    from tests.fakes import endpoint_slice
+    from vllm_operator.reconcile.status import ready_endpoints
+
+    unset = endpoint_slice("ns", "chat", ready=1, name="chat-2")
+    del unset["endpoints"][0]["conditions"]["ready"]
+    empty = endpoint_slice("ns", "chat", ready=0, name="chat-3")
+    del empty["endpoints"]
+    slices = [
+        endpoint_slice("ns", "chat", ready=2, unready=3),
+        unset,
+        empty,
+        endpoint_slice("ns", "other", ready=4, name="other-1"),
+    ]
+    assert ready_endpoints(slices, "chat") == 3
+    assert ready_endpoints(slices, "other") == 4
+    assert ready_endpoints(slices, "none") == 0

@@ -79,6 +79,7 @@ LABELLED_BY_SERVICE: Final = (
     ("policy", "v1", "poddisruptionbudgets"),
     ("autoscaling", "v2", "horizontalpodautoscalers"),
     ("v1", "pods"),
+    ("discovery.k8s.io", "v1", "endpointslices"),
     ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets"),
 )
 
@@ -201,6 +202,9 @@ async def inference_service_event(type: str | None, body: kopf.Body, memo: Any, 
     "autoscaling", "v2", "horizontalpodautoscalers", labels={LABEL_SERVICE: kopf.PRESENT}
 )
 @kopf.on.event("", "v1", "pods", labels={LABEL_SERVICE: kopf.PRESENT})
+# The Service's EndpointSlices (they carry the Service's labels): Ready waits for one to
+# list a ready endpoint, and their change is the turn that sees it.
+@kopf.on.event("discovery.k8s.io", "v1", "endpointslices", labels={LABEL_SERVICE: kopf.PRESENT})
 # A multi-node service's LeaderWorkerSet (its status counts ready groups). Kopf watches it
 # only where the CRD is installed (it warns once of the unresolved resource otherwise, and
 # starts the watch when the CRD appears); the reconcile reads it from the apiserver, not

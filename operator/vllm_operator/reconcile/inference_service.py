@@ -63,7 +63,7 @@ from vllm_operator.reconcile.placement import (
     fits_placement,
     plan_inference_service,
 )
-from vllm_operator.reconcile.status import Observed, Problem, compute_status
+from vllm_operator.reconcile.status import Observed, Problem, compute_status, ready_endpoints
 from vllm_operator.reconcile.warmup import (
     WarmupDecision,
     apply_writes,
@@ -159,6 +159,9 @@ class Snapshot:
     # A multi-node plan's LeaderWorkerSets (reconcile/groups.py); None when the plan is
     # single-node, and nothing of the kind was read.
     groups: GroupView | None = None
+    # The EndpointSlices carrying the service's label (its Service's, and anyone's so
+    # labelled: status.ready_endpoints counts only the Service's).
+    endpoint_slices: list[Manifest] = field(default_factory=list)
 
     @property
     def live_deployment(self) -> Manifest | None:
@@ -194,11 +197,12 @@ async def gather(api: ClusterAPI, isvc: InferenceService, view: NodeView | None)
         ),
         asyncio.gather(*(api.get(_CHILD_API[kind], kind, names[kind], ns) for kind in CHILD_KINDS)),
     )
-    lock_jobs, warmup_jobs, pods, benchmarks = await asyncio.gather(
+    lock_jobs, warmup_jobs, pods, benchmarks, slices = await asyncio.gather(
         list_lock_jobs(api, isvc),
         list_warmup_jobs(api, isvc) if isvc.spec.warmup.enabled else _empty(),
         api.list("v1", "Pod", ns, label_selector=selector_string(isvc)),
         list_benchmarks(api, isvc),
+        api.list("discovery.k8s.io/v1", "EndpointSlice", ns, label_selector=selector_string(isvc)),
     )
     found = {kind: obj for kind, obj in zip(CHILD_KINDS, children, strict=True) if obj}
     # Children of the service's names that it does not control: someone else's.
@@ -219,6 +223,7 @@ async def gather(api: ClusterAPI, isvc: InferenceService, view: NodeView | None)
         },
         warmup_reports=reports,
         foreign=foreign,
+        endpoint_slices=slices,
     )
 
 
@@ -760,6 +765,7 @@ async def _reconcile(
         adapters=adapters,
         waiting=cache.waiting,
         workload=decision.workload,
+        endpoints=ready_endpoints(snap.endpoint_slices, service_name(isvc)),
     )
     status = compute_status(isvc, observed, now=now)
     old = _stored_status(body)

@@ -22,7 +22,7 @@ from vllm_operator.reconcile.adapters import AdaptersObserved
 from vllm_operator.reconcile.conditions import condition, manifest_condition, pod_condition
 from vllm_operator.reconcile.pods import pod_problem
 from vllm_operator.render.deployment import served_model_name
-from vllm_operator.render.meta import selector_string
+from vllm_operator.render.meta import selector_string, service_name
 from vllm_operator.render.service import endpoint_url
 
 
@@ -57,6 +57,26 @@ class Observed:
     # The kind ``deployment`` is (a multi-node plan's LeaderWorkerSet, read by
     # reconcile/groups.py in a Deployment's shape, counted in groups), for the messages.
     workload: str = "Deployment"
+    # The ready endpoints the Service's EndpointSlices list (None: not read). Ready waits
+    # for one: a Service routes to a ready pod only once its EndpointSlice lists it.
+    endpoints: int | None = None
+
+
+# The label the EndpointSlice controller puts on each slice: the Service's name.
+SLICE_SERVICE_LABEL = "kubernetes.io/service-name"
+
+
+def ready_endpoints(slices: list[Manifest], service: str) -> int:
+    """The ready endpoints the EndpointSlices of Service ``service`` list. An endpoint
+    whose ``ready`` is unset counts as ready, as the EndpointSlice API says consumers must
+    read it."""
+    return sum(
+        1
+        for s in slices
+        if ((s.get("metadata") or {}).get("labels") or {}).get(SLICE_SERVICE_LABEL) == service
+        for e in s.get("endpoints") or []
+        if (e.get("conditions") or {}).get("ready") is not False
+    )
 
 
 def _live(pods: list[Manifest]) -> list[Manifest]:
@@ -148,6 +168,12 @@ def compute_status(
         progress = observed.waiting.message
     elif desired == 0 and complete:
         ready_cond = cond("Ready", True, "ScaledToZero", "No replicas are wanted.")
+    elif complete and desired > 0 and observed.endpoints == 0:
+        progress = (
+            f"{progress[:-1]}; the Service {service_name(isvc)} does not list any of them as "
+            "a ready endpoint yet."
+        )
+        ready_cond = cond("Ready", False, "AwaitingEndpoints", progress)
     elif complete:
         ready_cond = cond("Ready", True, "AllReplicasReady", progress)
     elif observed.deployment is None:

@@ -68,6 +68,9 @@ WATCHED: Final[Mapping[str, tuple[str, tuple[str, ...] | None]]] = {
     "PodDisruptionBudget": ("policy/v1", (LABEL_SERVICE,)),
     "HorizontalPodAutoscaler": ("autoscaling/v2", (LABEL_SERVICE,)),
     "Pod": ("v1", (LABEL_SERVICE,)),
+    # The Service's EndpointSlices: the EndpointSlice controller copies the Service's
+    # labels onto them, so the service's label finds them too.
+    "EndpointSlice": ("discovery.k8s.io/v1", (LABEL_SERVICE,)),
     # Warmup Jobs, benchmark load Jobs, anyone's Job holding a scale-down lock, and the
     # ModelCaches' download Jobs.
     "Job": ("batch/v1", (LABEL_WARMUP_FOR, LABEL_BENCHMARK, LABEL_LOCK_TARGET, LABEL_MODEL_CACHE)),
