@@ -15,7 +15,7 @@ from vllm_operator.constants import (
 )
 from vllm_operator.k8s.api import ApiError
 from vllm_operator.models.base import Manifest
-from vllm_operator.runtime.cache import CachedAPI, WatchStore, equality_selector
+from vllm_operator.runtime.cache import WATCHED, CachedAPI, WatchStore, equality_selector
 from vllm_operator.runtime.dispatch import Runtime
 from vllm_operator.settings import OperatorSettings
 
@@ -155,3 +155,12 @@ async def test_the_first_fill_retries_what_was_refused_until_every_cache_is_fill
     listed = [kind for verb, kind, _ in api.calls if verb == "list"]
     assert listed.count("Pod") == 2 and listed.count("Deployment") == 1, listed
     await runtime.http.aclose()
+
+
+def test_every_watched_kind_has_an_api_path() -> None:
+    """The runtime lists every watched kind through the k8s layer (and the reconcile
+    reads them there before the first relist): each needs its path."""
+    from vllm_operator.k8s.resources import resource_for
+
+    for kind, (api_version, _) in WATCHED.items():
+        assert resource_for(api_version, kind).namespaced, kind

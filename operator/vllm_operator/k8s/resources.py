@@ -52,6 +52,7 @@ _TABLE: Final = [
     Resource("apps/v1", "Deployment", "deployments", True),
     Resource("batch/v1", "Job", "jobs", True),
     Resource("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets", True),
+    Resource("discovery.k8s.io/v1", "EndpointSlice", "endpointslices", True),
     Resource("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers", True),
     Resource(API_VERSION, KIND_INFERENCE_SERVICE, PLURAL_INFERENCE_SERVICE, True),
     Resource(API_VERSION, KIND_INFERENCE_BENCHMARK, PLURAL_INFERENCE_BENCHMARK, True),
