@@ -108,9 +108,6 @@ class _Memo(Generic[K, V]):
             self._values.popitem(last=False)
         return value
 
-    def clear(self) -> None:
-        self._values.clear()
-
 
 def _version(manifest: Manifest) -> str:
     return str(manifest["metadata"].get("resourceVersion") or "")

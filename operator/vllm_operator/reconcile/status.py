@@ -170,8 +170,8 @@ def compute_status(
         ready_cond = cond("Ready", True, "ScaledToZero", "No replicas are wanted.")
     elif complete and desired > 0 and observed.endpoints == 0:
         progress = (
-            f"{progress[:-1]}; the Service {service_name(isvc)} does not list any of them as "
-            "a ready endpoint yet."
+            f"{progress.rstrip('.')}; the Service {service_name(isvc)} does not list any of "
+            "them as a ready endpoint yet."
         )
         ready_cond = cond("Ready", False, "AwaitingEndpoints", progress)
     elif complete:
