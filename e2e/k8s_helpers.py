@@ -56,3 +56,16 @@ def lock_job(target: str) -> dict[str, Any]:
             },
         },
     }
+
+
+def ready_addresses(slices: list[dict[str, Any]], service: str) -> list[str]:
+    """The addresses the EndpointSlices of Service ``service`` list as ready (an unset
+    ``ready`` reads as ready, as the API says)."""
+    return [
+        address
+        for s in slices
+        if s["metadata"]["labels"].get("kubernetes.io/service-name") == service
+        for e in s.get("endpoints") or []
+        if (e.get("conditions") or {}).get("ready") is not False
+        for address in e["addresses"]
+    ]

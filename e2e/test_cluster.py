@@ -17,6 +17,7 @@ import pytest
 from devenv.cluster import nodes as fake_nodes
 from devenv.cluster.cluster import ClusterHandle
 from devenv.cluster.processes import wait_until
+from e2e.k8s_helpers import ready_addresses
 
 pytestmark = pytest.mark.cluster
 
@@ -222,20 +223,13 @@ def test_a_service_of_fake_pods_gets_their_ready_endpoints_with_its_labels(
     )
     pod_ip = cluster.kubectl_json("get", "pod", "backend", "-n", namespace)["status"]["podIP"]
 
-    def ready_addresses() -> list[str]:
+    def listed() -> list[str]:
         slices = cluster.kubectl_json(
             "get", "endpointslices", "-n", namespace, "-l", "e2e.vllm-operator.dev/owner=test"
         )["items"]
-        return [
-            address
-            for s in slices
-            if s["metadata"]["labels"].get("kubernetes.io/service-name") == "backend"
-            for e in s.get("endpoints") or []
-            if (e.get("conditions") or {}).get("ready")
-            for address in e["addresses"]
-        ]
+        return ready_addresses(slices, "backend")
 
-    wait_until("the Service's ready endpoint", lambda: ready_addresses() == [pod_ip], 60)
+    wait_until("the Service's ready endpoint", lambda: listed() == [pod_ip], 60)
 
 
 def test_readiness_gate_holds_pod_unready_until_its_condition_is_true(

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from devenv.cluster.cluster import ClusterHandle
-from e2e.k8s_helpers import condition, lock_job, wait_for
+from e2e.k8s_helpers import condition, lock_job, ready_addresses, wait_for
 from e2e.operator_fixtures import OperatorProcess
 
 GROUP = "inference.vllm-operator.dev"
@@ -95,15 +95,7 @@ def test_a_service_gets_owned_children_and_becomes_ready(
     # label the controller copied from the Service) lists the pod's address as ready.
     slices = _get(cluster, namespace, "endpointslices", "-l", f"{GROUP}/inference-service=chat")
     assert slices is not None
-    ready = [
-        address
-        for s in slices["items"]
-        if s["metadata"]["labels"]["kubernetes.io/service-name"] == "chat"
-        for e in s.get("endpoints") or []
-        if e["conditions"].get("ready") is not False
-        for address in e["addresses"]
-    ]
-    assert ready == [pods["items"][0]["status"]["podIP"]]
+    assert ready_addresses(slices["items"], "chat") == [pods["items"][0]["status"]["podIP"]]
     status = isvc["status"]
     assert status["observedGeneration"] == isvc["metadata"]["generation"]
     assert status["readyReplicas"] == 1
