@@ -17,12 +17,12 @@ Every test that uses them must carry ``@pytest.mark.vllm``; the fixtures check i
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from devenv.ci import skip_or_fail
 from devenv.vllm_server import (
     TINY_MODELS,
     VLLM_CPU_SCRIPT,
@@ -40,10 +40,7 @@ def require_vllm_python() -> Path:
     """The vLLM python, or skip (fail under CI) with the reason."""
     python = find_vllm_python()
     if python is None:
-        reason = f"the CPU vLLM is not installed; install it with {VLLM_CPU_SCRIPT}"
-        if os.environ.get("CI"):
-            pytest.fail(f"{reason} (CI is set: a test that needs vLLM fails, never skips)")
-        pytest.skip(reason)
+        skip_or_fail(f"the CPU vLLM is not installed; install it with {VLLM_CPU_SCRIPT}")
     return python
 
 

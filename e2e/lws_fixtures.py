@@ -34,6 +34,7 @@ from typing import Any
 import pytest
 import yaml
 
+from devenv.ci import skip_or_fail
 from devenv.cluster import pki, processes
 from devenv.cluster.cluster import ClusterHandle
 from devenv.vllm_server import free_port
@@ -120,7 +121,7 @@ def lws_controller(lws_crds: ClusterHandle, lws_dir: Path) -> Iterator[LwsContro
     cluster = lws_crds
     settings = cluster.settings
     if settings is None:
-        pytest.skip("the LWS controller runs against the local control plane only")
+        skip_or_fail("the LWS controller runs against the local control plane only")
     work = settings.state_dir / "lws"
     ca_pem = pki.serving_pair(work / "certs", ca_cn="vllm-op-e2e-lws-ca", cn="lws-webhook")
     webhook_port, health_port = free_port(), free_port()

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from devenv.ci import skip_or_fail
 from devenv.cluster import node
 from devenv.cluster.cluster import ClusterHandle
 from devenv.cluster.images import Images
@@ -39,7 +40,7 @@ RELEASE = "vllm-op-real"
 def real_images(cluster: ClusterHandle) -> Images:
     settings = cluster.settings
     if settings is None or not settings.real_node or not node.is_healthy(settings):
-        pytest.skip("the cluster has no real node (VLLM_OP_REAL_NODE=0, or an existing cluster)")
+        skip_or_fail("the cluster has no real node (VLLM_OP_REAL_NODE=0, or an existing cluster)")
     # A cluster left running from an earlier session has the images of then: what changed
     # since (the operator's code, say) is built and imported now, so the tests run this tree.
     return node.ensure_images(settings)

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from devenv.ci import skip_or_fail
 from devenv.cluster import nodes as fake_nodes
 from devenv.cluster.cluster import ClusterHandle
 from devenv.cluster.processes import wait_until
@@ -29,7 +30,7 @@ IMAGE = "registry.k8s.io/pause:3.10"
 def _shapes_or_skip(cluster: ClusterHandle) -> list[fake_nodes.NodeShape]:
     """The fake node shapes, when the cluster is ours; existing clusters have no such nodes."""
     if not cluster.local:
-        pytest.skip("the fake GPU nodes exist only on the local control plane")
+        skip_or_fail("the fake GPU nodes exist only on the local control plane")
     assert cluster.settings is not None
     return fake_nodes.load_shapes(cluster.settings.nodes_file)
 
@@ -84,9 +85,8 @@ def _gpu_deployment(name: str, *, replicas: int, product_label: str) -> dict[str
 
 
 def test_node_label_keys_match_operator_constants() -> None:
-    constants = pytest.importorskip(
-        "vllm_operator.constants", reason="the operator package is not installed"
-    )
+    from vllm_operator import constants
+
     assert fake_nodes.LABEL_GPU_PRODUCT == constants.NODE_LABEL_GPU_PRODUCT
     assert fake_nodes.LABEL_GPU_MEMORY_MIB == constants.NODE_LABEL_GPU_MEMORY_MIB
     assert fake_nodes.LABEL_GPU_COUNT == constants.NODE_LABEL_GPU_COUNT
@@ -207,7 +207,7 @@ def test_a_service_of_fake_pods_gets_their_ready_endpoints_with_its_labels(
     own label finds them). With loopback pod IPs the controller's writes were refused."""
     _shapes_or_skip(cluster)
     if _pod_cidr(cluster).is_loopback:
-        pytest.skip("loopback pod IPs (not root): Endpoints and EndpointSlices refuse them")
+        skip_or_fail("loopback pod IPs (not root): Endpoints and EndpointSlices refuse them")
     pod = _pod("backend")
     pod["metadata"]["labels"] = {"app": "backend"}
     cluster.apply(pod, namespace=namespace)

@@ -34,6 +34,7 @@ from typing import Any
 import pytest
 import yaml
 
+from devenv.ci import skip_or_fail
 from devenv.cluster import components, processes
 from devenv.cluster.cluster import ClusterHandle
 from e2e.k8s_helpers import wait_for
@@ -116,7 +117,7 @@ def own_operator(
     """An operator with its /healthz port, talking through a stalling proxy unless the
     parameters say ``proxy: False``; the other parameters are settings."""
     if crds.settings is None:
-        pytest.skip("the fault tests stop and start the local cluster's apiserver")
+        skip_or_fail("the fault tests stop and start the local cluster's apiserver")
     env: dict[str, Any] = dict(getattr(request, "param", {}))
     proxy = StallingProxy(crds.settings.apiserver_port)
     proxy.start()

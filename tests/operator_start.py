@@ -20,7 +20,7 @@ import subprocess
 import threading
 from pathlib import Path
 
-import pytest
+from devenv.ci import skip_or_fail
 
 # The line Kopf logs after our login handler: everything before connecting has run.
 LOGGED_IN = "Activity 'login' succeeded."
@@ -41,7 +41,7 @@ def as_uid_without_passwd(uid: int) -> list[str]:
     except KeyError:
         pass
     else:
-        pytest.skip(f"uid {uid} has a passwd entry here; the test would prove nothing")
+        skip_or_fail(f"uid {uid} has a passwd entry here; the test would prove nothing")
     unshare = shutil.which("unshare")
     prefix = [unshare or "unshare", "--user", f"--map-user={uid}", f"--map-group={uid}"]
     probe = (
@@ -50,7 +50,7 @@ def as_uid_without_passwd(uid: int) -> list[str]:
         else None
     )
     if probe is None or probe.returncode != 0:
-        pytest.skip("no unprivileged user namespaces (unshare --user) to run as another uid")
+        skip_or_fail("no unprivileged user namespaces (unshare --user) to run as another uid")
     return prefix
 
 

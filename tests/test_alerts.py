@@ -14,9 +14,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
+from devenv.ci import skip_or_fail
 from tests.test_chart import render
 
 
@@ -30,7 +30,7 @@ def _promtool() -> str:
         None,
     )
     if found is None:
-        pytest.skip("no promtool: make promtool (scripts/promtool.sh) fetches it")
+        skip_or_fail("no promtool: make promtool (scripts/promtool.sh) fetches it")
     return found
 
 

