@@ -103,9 +103,9 @@ def dev_up(timeout: int) -> int:
     load = {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}}
     install_operator(cluster, extra_values={"operator": {"loadResources": load}})
     _say(f"operator installed with the chart after {time.monotonic() - started:.1f} s")
-    # The vLLM pod is not yet restricted-compliant (it runs as the image's user, with no
-    # securityContext of its own): the sample's namespace enforces baseline, warns restricted.
-    cluster.apply(node.real_node_namespace(NAMESPACE, pod_security="baseline"))
+    # The sample's namespace enforces restricted Pod Security: every pod the operator
+    # renders (the vLLM server, its warmup Job, a benchmark's Jobs) passes it.
+    cluster.apply(node.real_node_namespace(NAMESPACE))
     cluster.kubectl("apply", "-n", NAMESPACE, "-f", str(SAMPLE))
     _say(f"applied {SAMPLE.relative_to(REPO)}; waiting for Ready")
     proc = cluster.kubectl(

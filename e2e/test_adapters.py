@@ -39,7 +39,7 @@ def _adapter(name: str, folder: str, rank: int | None = None) -> dict[str, Any]:
 @pytest.fixture
 def lora_ns(cluster: ClusterHandle, chart_operator: ChartOperator) -> Iterator[str]:
     ns = f"e2e-lora-{secrets.token_hex(3)}"
-    cluster.apply(node.real_node_namespace(ns, pod_security="baseline"))
+    cluster.apply(node.real_node_namespace(ns))
     cluster.kubectl("wait", "--for=create", "serviceaccount/default", "-n", ns, "--timeout=60s")
     try:
         yield ns

@@ -214,8 +214,7 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
     real_namespace: Callable[..., str],
     tmp_path: Path,
 ) -> None:
-    # Baseline: the vLLM pods the operator renders carry no securityContext of their own.
-    ns = real_namespace(pod_security="baseline")
+    ns = real_namespace()  # restricted, as every pod the operator renders passes it
     # Longer than a second CPU vLLM takes to start and warm up on two cores, so the pod the
     # load asked for is not removed before it serves: 86 s measured alone on the real node,
     # over 110 s in a full CI run (startup probe period and warmup Job included).

@@ -114,7 +114,7 @@ def test_a_pinned_server_keeps_its_median_beside_a_noisy_neighbour_and_an_unpinn
     shared = cpu_list({0, *range(2, cores)})
     runs = {}
     for pinned in (True, False):
-        ns = real_namespace(pod_security="baseline")
+        ns = real_namespace()
         runs[pinned] = _run(cluster, real_images, ns, pinned=pinned)
 
     growth = {}

@@ -45,10 +45,8 @@ def cache_ns(
     cluster: ClusterHandle, chart_operator: ChartOperator, real_images: Images
 ) -> Iterator[str]:
     ns = f"e2e-cache-{secrets.token_hex(3)}"
-    # Baseline, as test_real_node's: the vLLM pods the operator renders have no
-    # securityContext of their own yet, and restricted refuses them (the download Job's pod
-    # would pass restricted).
-    cluster.apply(node.real_node_namespace(ns, pod_security="baseline"))
+    # Restricted: the vLLM pods and the download Job's pod pass it.
+    cluster.apply(node.real_node_namespace(ns))
     cluster.kubectl("wait", "--for=create", "serviceaccount/default", "-n", ns, "--timeout=60s")
     _start_hub(cluster, ns, real_images.vllm)
     volumes = _volumes(cluster, ns)
@@ -385,8 +383,6 @@ def test_a_cache_downloads_and_resumes_after_its_pod_is_killed(
     _control(cluster, ns, "_throttle?bytesPerSecond=0")
 
 
-# The namespace is baseline, not restricted: the vLLM pods have no securityContext yet, and
-# PodSecurity refused them under restricted (first run, 2026-12-02).
 def test_two_services_share_the_cache_without_asking_the_hub(
     cluster: ClusterHandle, cache_ns: str
 ) -> None:

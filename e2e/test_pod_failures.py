@@ -70,7 +70,7 @@ def test_crash_loops_from_vllms_own_errors_stall_with_the_log_line(
     real_images: Images,
     real_namespace: Callable[..., str],
 ) -> None:
-    ns = real_namespace(pod_security="baseline")
+    ns = real_namespace()
     # Two CPU vLLM pods at a time: the node's two cores.
     cluster.apply(
         [
@@ -112,7 +112,7 @@ def test_oom_image_pull_and_unschedulable_are_named(
     real_images: Images,
     real_namespace: Callable[..., str],
 ) -> None:
-    ns = real_namespace(pod_security="baseline")
+    ns = real_namespace()
     missing = real_images.vllm.rsplit(":", 1)[0] + ":v0.32.0-never-built"
     cluster.apply(
         [

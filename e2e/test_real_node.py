@@ -104,10 +104,10 @@ def _sample(name: str) -> dict[str, Any]:
 def served(cluster: ClusterHandle, chart_operator: ChartOperator) -> Iterator[str]:
     """The sample, applied in a real-node namespace and Ready; yields the namespace.
 
-    Its namespace enforces baseline, not restricted: the vLLM pod the operator renders has
-    no securityContext of its own yet (restricted is warned)."""
+    Its namespace enforces restricted Pod Security: admission and the kubelet judge the
+    vLLM pod the operator renders (uid 65532, read-only root) and the warmup Job's."""
     ns = f"e2e-rn-served-{secrets.token_hex(3)}"
-    cluster.apply(node.real_node_namespace(ns, pod_security="baseline"))
+    cluster.apply(node.real_node_namespace(ns))
     cluster.kubectl("wait", "--for=create", "serviceaccount/default", "-n", ns, "--timeout=60s")
     try:
         cluster.apply(_sample("tiny-chat"), namespace=ns)

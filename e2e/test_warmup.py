@@ -103,8 +103,7 @@ def _ready_replicas(cluster: ClusterHandle, ns: str, name: str, n: int) -> dict[
 
 @pytest.fixture
 def fault_ns(chart_operator: ChartOperator, real_namespace: Callable[..., str]) -> str:
-    # Baseline: the server pods the operator renders carry no securityContext of their own.
-    return real_namespace(pod_security="baseline")
+    return real_namespace()  # restricted, as every pod the operator renders passes it
 
 
 def test_a_pod_becomes_ready_after_its_warmup_and_scaling_up_warms_only_the_new_one(

@@ -86,8 +86,12 @@ CACHE_MOUNT: Final = "/cache"
 # Claims holding LoRA adapters are mounted under here, one folder per claim.
 ADAPTER_MOUNT: Final = "/adapters"
 SHM_MOUNT: Final = "/dev/shm"
-OWN_VOLUMES: Final = ("shm", "cache", "model")
-OWN_MOUNTS: Final = (SHM_MOUNT, CACHE_MOUNT, MODEL_MOUNT, ADAPTER_MOUNT)
+# The root filesystem is read-only (restricted Pod Security): vLLM's temporary files (ZMQ
+# sockets, compile caches) go to an emptyDir here, its home under the cache volume.
+TMP_MOUNT: Final = "/tmp"
+HOME_DIR: Final = f"{CACHE_MOUNT}/home"
+OWN_VOLUMES: Final = ("shm", "cache", "model", "tmp")
+OWN_MOUNTS: Final = (SHM_MOUNT, CACHE_MOUNT, MODEL_MOUNT, ADAPTER_MOUNT, TMP_MOUNT)
 # Resources the operator sets from spec.node and spec.gpu (spec.podTemplate.resources
 # adds others, such as ephemeral-storage or an RDMA device).
 OWN_RESOURCES: Final = ("cpu", "memory", "nvidia.com/gpu")

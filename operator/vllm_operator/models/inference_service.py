@@ -693,18 +693,20 @@ class PodTemplateOverlay(ApiModel):
         default_factory=list,
         max_length=16,
         description="Extra pod volumes, as the pod takes them (the apiserver validates the "
-        "source when the Deployment is applied); not named shm, cache or model.",
+        "source when the Deployment is applied); not named shm, cache, model or tmp.",
     )
     volume_mounts: list[VolumeMount] = Field(
         default_factory=list,
         max_length=16,
         description="Mounts of those volumes in the vLLM container; not at /dev/shm, /cache, "
-        "/models or /adapters.",
+        "/models, /adapters or /tmp.",
     )
     container_security_context: dict[str, Any] | None = Field(
         default=None,
-        description="The vLLM container's securityContext, as Kubernetes takes it (none is "
-        "set otherwise).",
+        description="Keys of the vLLM container's securityContext, as Kubernetes takes them, "
+        "each replacing the operator's: by default the container passes restricted Pod "
+        "Security (non-root uid 65532, no privilege escalation, no capabilities, "
+        "RuntimeDefault seccomp, read-only root with /tmp and /cache writable).",
     )
     resources: ExtraResources = Field(
         default_factory=ExtraResources,
@@ -717,7 +719,8 @@ class PodTemplateOverlay(ApiModel):
             "rule": "!has(self.volumes) || self.volumes.all(v, !(v.name in "
             + str(list(OWN_VOLUMES)).replace('"', "'")
             + ")) && self.volumes.all(v, self.volumes.exists_one(w, w.name == v.name))",
-            "message": "volume names must be unique and not the operator's own (shm, cache, model)",
+            "message": "volume names must be unique and not the operator's own "
+            "(shm, cache, model, tmp)",
             "fieldPath": ".volumes",
         },
         {
@@ -732,7 +735,8 @@ class PodTemplateOverlay(ApiModel):
                 f"m.mountPath != '{own}' && !m.mountPath.startsWith('{own}/')" for own in OWN_MOUNTS
             )
             + ")",
-            "message": "volumeMounts may not be at or under /dev/shm, /cache, /models or /adapters",
+            "message": "volumeMounts may not be at or under /dev/shm, /cache, /models, "
+            "/adapters or /tmp",
             "fieldPath": ".volumeMounts",
         },
         {

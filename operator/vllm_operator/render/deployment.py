@@ -17,10 +17,12 @@ from vllm_operator.constants import (
     ADAPTER_MOUNT,
     CACHE_MOUNT,
     GPU_RESOURCE,
+    HOME_DIR,
     MODEL_MOUNT,
     NODE_LABEL_GPU_INTERCONNECT,
     NODE_LABEL_GPU_PRODUCT,
     SHM_MOUNT,
+    TMP_MOUNT,
     WARMED_UP_CONDITION,
 )
 from vllm_operator.models import InferenceService
@@ -36,6 +38,7 @@ from vllm_operator.render.meta import (
     child_metadata,
     common_labels,
     deployment_name,
+    restricted_security_context,
     selector_labels,
 )
 
@@ -109,6 +112,9 @@ def _env(
     """The operator's variables, then the plan's (NCCL_P2P_DISABLE where peer-to-peer
     hangs, ...), then the user's spec.podTemplate.env, each later one winning a name."""
     env: list[Manifest] = [
+        # The root filesystem is read-only: vLLM's and its libraries' dot-folders (usage
+        # stats, Triton's cache) go under the cache volume.
+        {"name": "HOME", "value": HOME_DIR},
         {"name": "VLLM_CACHE_ROOT", "value": f"{CACHE_MOUNT}/vllm"},
         {"name": "HF_HOME", "value": f"{CACHE_MOUNT}/huggingface"},
     ]
@@ -242,10 +248,13 @@ def _volumes(isvc: InferenceService, pod: PlannedPod) -> tuple[list[Manifest], l
         # Survives container restarts, so a crashed server reuses its compile cache (and
         # the downloaded weights); sized by the plan when the weights are downloaded.
         {"name": "cache", "emptyDir": {"sizeLimit": pod.cache_size} if pod.cache_size else {}},
+        # The root filesystem is read-only: ZMQ's sockets and compile caches go here.
+        {"name": "tmp", "emptyDir": {}},
     ]
     mounts: list[Manifest] = [
         {"name": "shm", "mountPath": SHM_MOUNT},
         {"name": "cache", "mountPath": CACHE_MOUNT},
+        {"name": "tmp", "mountPath": TMP_MOUNT},
     ]
     pvc = isvc.spec.model.source.pvc
     if pvc is not None:
@@ -310,9 +319,13 @@ def build_deployment(
         "livenessProbe": _probe("/health", period=15, timeout=10, failures=4),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_DELAY_SECONDS)]}}},
         "terminationMessagePolicy": "FallbackToLogsOnError",
+        # Restricted Pod Security; a key of spec.podTemplate.containerSecurityContext
+        # replaces the operator's.
+        "securityContext": {
+            **restricted_security_context(),
+            **(overlay.container_security_context or {}),
+        },
     }
-    if overlay.container_security_context:
-        container["securityContext"] = dict(overlay.container_security_context)
 
     tolerations = [t.to_wire() for t in overlay.tolerations]
     if gpus and not any(t.get("key") == GPU_RESOURCE for t in tolerations):
@@ -335,6 +348,10 @@ def build_deployment(
         pod_spec["priorityClassName"] = overlay.priority_class_name
     if overlay.service_account_name:
         pod_spec["serviceAccountName"] = overlay.service_account_name
+    else:
+        # vLLM never calls the API: no token, unless the user names an account (whose own
+        # automountServiceAccountToken then decides).
+        pod_spec["automountServiceAccountToken"] = False
     if overlay.runtime_class_name:
         pod_spec["runtimeClassName"] = overlay.runtime_class_name
     if overlay.image_pull_secrets:
