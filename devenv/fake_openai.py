@@ -65,6 +65,8 @@ class FakeOpenAI:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._runner: web.AppRunner | None = None
+        self._in_flight = 0
+        self._drained: asyncio.Event | None = None  # set when the last one in flight ends
         self.port = 0
 
     @property
@@ -76,13 +78,23 @@ class FakeOpenAI:
         asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=10)
         return self
 
-    def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(timeout=10)
+    def stop(self, drain_s: float = 0.0) -> None:
+        """Stop serving; with ``drain_s``, as vLLM's ``--shutdown-timeout`` does: take no new
+        connection, and let the generations in flight finish for up to that many seconds."""
+        done = asyncio.run_coroutine_threadsafe(self._shutdown(drain_s), self._loop)
+        done.result(timeout=drain_s + 10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
         self._loop.close()
 
-    async def _shutdown(self) -> None:
+    async def _shutdown(self, drain_s: float = 0.0) -> None:
+        if self._runner is not None and drain_s > 0:
+            for site in list(self._runner.sites):
+                await site.stop()  # no new connection; the open ones are still served
+            if self._in_flight:
+                self._drained = asyncio.Event()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._drained.wait(), drain_s)
         if self._runner is not None:
             await self._runner.cleanup()
         # Handlers still sleeping (the "too slow" server) end here, not with the loop.
@@ -120,6 +132,15 @@ class FakeOpenAI:
         return web.json_response({"count": len(str(body["prompt"]).split())})
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
+        self._in_flight += 1
+        try:
+            return await self._answer(request)
+        finally:
+            self._in_flight -= 1
+            if not self._in_flight and self._drained is not None:
+                self._drained.set()
+
+    async def _answer(self, request: web.Request) -> web.StreamResponse:
         body: dict[str, Any] = await request.json()
         chat = request.path.endswith("/chat/completions")
         text = body["messages"][-1]["content"] if chat else body["prompt"]

@@ -9,8 +9,9 @@ follows how much CPU it gets) or ``ok``. Two ways in:
 - ``python -m devenv.cluster.fault_server --host H --port P --mode M``, by hand;
 - ``vllm serve ARGS...`` of the fault-server image (devenv/images/fault-server) on the real
   node: ARGS are the operator's rendered vLLM arguments, of which only ``--host`` and
-  ``--port`` are read; the mode comes from ``$VLLM_FAULT_MODE`` (the InferenceService's
-  ``spec.podTemplate.env``).
+  ``--port`` are read, and ``--shutdown-timeout``: on SIGTERM the server drains as vLLM
+  does (no new connection; generations in flight finish for up to that many seconds); the
+  mode comes from ``$VLLM_FAULT_MODE`` (the InferenceService's ``spec.podTemplate.env``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ def _serve_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="vllm serve (fault server)")
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--shutdown-timeout", type=float, default=0.0)
     args, _ignored = parser.parse_known_args(argv)
     mode = os.environ.get(MODE_ENV, "")
     if mode not in MODES:
@@ -55,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument("--host", required=True)
         parser.add_argument("--port", type=int, default=8000)
         parser.add_argument("--mode", choices=sorted(MODES), required=True)
+        parser.add_argument("--shutdown-timeout", type=float, default=0.0)
         args = parser.parse_args(argv)
     server = FakeOpenAI(behaviour=MODES[args.mode], host=args.host, bind_port=args.port).start()
     done = threading.Event()
@@ -62,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, lambda *_: done.set())
     print(f"fault server ({args.mode}) on {server.url}", flush=True)
     done.wait()
-    server.stop()
+    print(f"fault server: stopping, mode=drain timeout={args.shutdown_timeout:g}s", flush=True)
+    server.stop(drain_s=args.shutdown_timeout)
     return 0
 
 
