@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tests.determinism import same_across_processes
 from vllm_operator.bench.archive import CONFIG_MAP_LIMIT, RESULTS_KEY, pack, unpack
 
 
@@ -67,8 +68,12 @@ def test_results_that_fit_are_kept_whole_and_come_back_unchanged() -> None:
     assert back == {**results, "requests_dropped": 0}
 
 
+def packed_archive() -> object:
+    return pack(_results(40)).binary
+
+
 def test_packing_is_deterministic() -> None:
-    assert pack(_results(40)).binary == pack(_results(40)).binary
+    same_across_processes("tests.bench.test_archive:packed_archive")
 
 
 def test_too_many_requests_keep_as_many_as_fit_evenly_spread_and_say_so() -> None:

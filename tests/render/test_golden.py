@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.determinism import same_across_processes
 from tests.specs import GOLDEN_CASES, isvc, plan_for
 from vllm_operator.constants import DEFAULT_SERVING_IMAGE
 from vllm_operator.render.deployment import build_deployment
@@ -41,6 +42,9 @@ def test_rendered_children_match_the_golden_file(case: str) -> None:
     assert text == path.read_text(), f"{case} renders differently from {path.name}"
 
 
+def rendered_golden_cases() -> list[str]:
+    return [_render(case) for case in GOLDEN_CASES]
+
+
 def test_rendering_is_deterministic() -> None:
-    for case in GOLDEN_CASES:
-        assert _render(case) == _render(case)
+    same_across_processes("tests.render.test_golden:rendered_golden_cases")

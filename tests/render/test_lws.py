@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.determinism import same_across_processes
 from tests.specs import isvc, node
 from vllm_operator.constants import (
     DEFAULT_SERVING_IMAGE,
@@ -124,6 +125,9 @@ def test_a_group_is_one_vllm_over_its_nodes(case: str) -> None:
     assert lws["metadata"].get("annotations", {}).get(EXCLUSIVE_TOPOLOGY) == key
 
 
+def rendered_cases() -> list[dict[str, Any]]:
+    return [_render(case) for case in CASES]
+
+
 def test_rendering_is_deterministic() -> None:
-    for case in CASES:
-        assert _render(case) == _render(case)
+    same_across_processes("tests.render.test_lws:rendered_cases")

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from tests.determinism import same_across_processes
 from tests.tuning.helpers import (
     GIB,
     ModelInput,
@@ -513,11 +514,12 @@ def test_tensor_parallel_pods_get_shm_that_grows_with_the_gpus() -> None:
     assert result.pod.cpus >= 8 + 2
 
 
-def test_plans_are_deterministic() -> None:
-    def once() -> Plan:
-        return as_plan(plan_service(_spec(), [gpus("L40S", 2, "pcie"), gpus("A10", 4)]))
+def two_shape_plan() -> Plan:
+    return as_plan(plan_service(_spec(), [gpus("L40S", 2, "pcie"), gpus("A10", 4)]))
 
-    assert once() == once()
+
+def test_plans_are_deterministic() -> None:
+    same_across_processes("tests.tuning.test_plan:two_shape_plan")
 
 
 def test_the_effective_tuning_renders_into_the_deployment_the_plan_describes() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from tests.determinism import same_across_processes
 from vllm_operator.warmup.report import Api
 from vllm_operator.warmup.requests import (
     PlanInputs,
@@ -121,9 +122,12 @@ def test_probe_is_a_short_streaming_request() -> None:
     assert {r.api for s in plan.steps for r in s.requests} == {Api.CHAT}
 
 
+def warmup_plan() -> object:
+    return build_plan(PlanInputs(max_model_len=8192, max_num_batched_tokens=2048, max_num_seqs=64))
+
+
 def test_plan_is_deterministic() -> None:
-    inputs = PlanInputs(max_model_len=8192, max_num_batched_tokens=2048, max_num_seqs=64)
-    assert build_plan(inputs) == build_plan(inputs)
+    same_across_processes("tests.warmup.test_requests:warmup_plan")
 
 
 @pytest.mark.parametrize(

@@ -37,7 +37,8 @@ async def test_healthy_server_is_warmed_up_and_cold_ttft_exceeds_warm(fake: Fake
     assert report.model == "fake-model"
     assert report.settled
     assert report.cold_ttft_s is not None and report.cold_ttft_s >= 0.3
-    assert report.warm_ttft_s is not None and report.warm_ttft_s < 0.1
+    # Relative, not a wall-clock bound: warm requests skip the 300 ms the first one paid.
+    assert report.warm_ttft_s is not None and report.warm_ttft_s < report.cold_ttft_s
     assert report.requests_failed == 0
     assert report.requests_sent == len(fake.received) == len(report.requests)
     assert "cold TTFT" in report.message

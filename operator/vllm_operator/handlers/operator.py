@@ -130,11 +130,9 @@ async def require_crds(kube: KubeClient) -> None:
         )
 
 
-# Any exception fails the start for good, and the process exits non-zero (run() below):
-# Kopf's default retried it every 60 s in a process that reconciled nothing meanwhile.
-@kopf.on.startup(errors=kopf.ErrorsMode.PERMANENT)
-async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    ours = _settings(memo)
+def configure_kopf(settings: kopf.OperatorSettings, *, request_timeout: float) -> None:
+    """Kopf's settings as the operator runs it: persistence, timeouts and the watches'
+    label selectors (``startup`` calls it; the tests hold it to the registered handlers)."""
     # Kopf's own bookkeeping, should it ever need any, under our prefix; handler logs are
     # not posted as Events (we record our own, on transitions only).
     settings.persistence.finalizer = f"{GROUP}/finalizer"
@@ -145,7 +143,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.posting.enabled = False
     # Every request of Kopf's own has a timeout: its default of 300 s kept a watch's LIST
     # on a silent connection that long.
-    settings.networking.request_timeout = ours.request_timeout_seconds
+    settings.networking.request_timeout = request_timeout
     settings.networking.connect_timeout = CONNECT_TIMEOUT_SECONDS
     settings.networking.error_backoffs = ERROR_BACKOFFS
     # Watches: the apiserver ends each after 300 s, the client 30 s later if it does not; a
@@ -160,6 +158,14 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.watching.connect_timeout = CONNECT_TIMEOUT_SECONDS
+
+
+# Any exception fails the start for good, and the process exits non-zero (run() below):
+# Kopf's default retried it every 60 s in a process that reconciled nothing meanwhile.
+@kopf.on.startup(errors=kopf.ErrorsMode.PERMANENT)
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    ours = _settings(memo)
+    configure_kopf(settings, request_timeout=ours.request_timeout_seconds)
     kube = KubeClient(await load_config(ours.kubeconfig), timeout=ours.request_timeout_seconds)
     try:
         await require_crds(kube)
