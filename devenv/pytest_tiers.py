@@ -6,7 +6,8 @@ were skipped and the seconds they took (setup, call and teardown added up), so a
 skipped or slowed down is seen at a glance. Registered in pyproject.toml (``-p``).
 
 A test's tier is its marker: ``timing``, ``cluster`` (every test under e2e/), ``vllm``,
-else ``unit``.
+else ``unit``. Markers, not keywords: a test's keywords hold its folders' names too, and
+tests/vllm/ holds unit tests.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ import pytest
 TIERS = ("unit", "vllm", "cluster", "timing")
 
 
-def tier_of(keywords: Iterable[str]) -> str:
-    words = set(keywords)
+def tier_of(markers: Iterable[str]) -> str:
+    words = set(markers)
     for tier in ("timing", "cluster", "vllm"):
         if tier in words:
             return tier
@@ -46,8 +47,13 @@ class TierSummary:
     def __init__(self) -> None:
         self.tests: dict[str, _Test] = {}
 
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_protocol(self, item: pytest.Item) -> None:
+        # After collection, so the markers conftests add (e2e/: cluster) are there.
+        self.tests[item.nodeid] = _Test(tier_of(m.name for m in item.iter_markers()))
+
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        test = self.tests.setdefault(report.nodeid, _Test(tier_of(report.keywords)))
+        test = self.tests.setdefault(report.nodeid, _Test("unit"))
         test.seconds += report.duration
         if report.failed:
             test.outcome = "failed"

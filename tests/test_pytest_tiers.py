@@ -42,10 +42,12 @@ def test_one_line_per_tier_with_its_counts(pytester: pytest.Pytester) -> None:
         "markers =\n  vllm: x\n  cluster: x\n  timing: x\n"
     )
     pytester.makepyfile(SUITE)
+    # A folder named like a marker holds no test of that tier by its name alone.
+    pytester.mkpydir("vllm").joinpath("test_in_folder.py").write_text("def test_x():\n    pass\n")
     result = pytester.runpytest("-p", "devenv.pytest_tiers")
     lines = [line for line in result.outlines if line.startswith("== tier ")]
     assert [line.split(";")[0] for line in lines] == [
-        "== tier unit - 1 passed, 1 failed, 0 skipped",
+        "== tier unit - 2 passed, 1 failed, 0 skipped",
         "== tier vllm - 0 passed, 0 failed, 1 skipped",
         "== tier cluster - 1 passed, 1 failed, 0 skipped",
     ]
@@ -55,7 +57,8 @@ def test_one_line_per_tier_with_its_counts(pytester: pytest.Pytester) -> None:
 @pytest.mark.parametrize(
     ("keywords", "tier"),
     [
-        ({"test_x"}, "unit"),
+        (set(), "unit"),
+        ({"parametrize"}, "unit"),
         ({"vllm"}, "vllm"),
         ({"cluster", "vllm"}, "cluster"),
         ({"timing", "vllm"}, "timing"),

@@ -210,14 +210,39 @@ def _checked(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     return result
 
 
+# What the LeaderWorkerSet controller sets in each pod of a group, for the $(VAR)s of the
+# multi-node launch lines (a worker of index 1; the leader's address as LWS names it).
+LWS_ENV = {"LWS_LEADER_ADDRESS": "big-0.big.team", "LWS_WORKER_INDEX": "1"}
+
+
+def _expand(args: list[str], env: Mapping[str, str]) -> list[str]:
+    """``$(VAR)`` references replaced as the kubelet does: a defined variable by its value,
+    an undefined one left as written."""
+    out = []
+    for arg in args:
+        for name, value in env.items():
+            arg = arg.replace(f"$({name})", value)
+        out.append(arg)
+    return out
+
+
 def _golden_args() -> list[Any]:
     params = []
     for path in sorted(GOLDEN.glob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
-            if doc and doc.get("kind") == "Deployment":
+            kind = (doc or {}).get("kind")
+            if kind == "Deployment":
                 container = doc["spec"]["template"]["spec"]["containers"][0]
                 assert container["command"] == ["vllm", "serve"]
                 params.append(pytest.param(container["args"], id=f"golden {path.stem}"))
+            elif kind == "LeaderWorkerSet":
+                group = doc["spec"]["leaderWorkerTemplate"]
+                for role in ("leader", "worker"):
+                    container = group[f"{role}Template"]["spec"]["containers"][0]
+                    assert container["command"] == ["vllm", "serve"]
+                    args = _expand(container["args"], LWS_ENV)
+                    assert not any("$(" in a for a in args), args
+                    params.append(pytest.param(args, id=f"golden {path.stem} {role}"))
     return params
 
 
@@ -264,7 +289,12 @@ RENDERED = _golden_args() + [
 
 
 def test_the_rendered_cases_cover_every_golden_file() -> None:
-    assert {f"golden {case}" for case in GOLDEN_CASES} <= {p.id for p in RENDERED}
+    ids = {p.id for p in RENDERED}
+    for case in GOLDEN_CASES:
+        assert f"golden {case}" in ids or {
+            f"golden {case} leader",
+            f"golden {case} worker",
+        } <= ids, case
 
 
 @pytest.mark.vllm
