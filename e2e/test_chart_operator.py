@@ -219,3 +219,74 @@ def test_the_scale_down_lock_refuses_lower_replicas_on_every_path(
     cluster.kubectl("delete", "job", "bench-chat-lock", "-n", namespace)
     cluster.kubectl("scale", "vis", "chat", "--replicas=1", "-n", namespace)
     wait_for(lambda: _replicas(cluster, namespace, "chat") == 1, "the scale-down after the lock")
+
+
+def _users_objects(name: str) -> list[dict[str, Any]]:
+    """A Service, PodDisruptionBudget and Deployment a user made, each named ``name-<kind>``
+    and with no label or owner of the operator's."""
+    labels = {"app": f"{name}-users"}
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": f"{name}-service", "labels": labels},
+            "spec": {"selector": labels, "ports": [{"port": 80, "targetPort": 8080}]},
+        },
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": f"{name}-poddisruptionbudget", "labels": labels},
+            "spec": {"selector": {"matchLabels": labels}, "maxUnavailable": 1},
+        },
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": f"{name}-deployment", "labels": labels},
+            "spec": {
+                "replicas": 0,
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10"}]
+                    },
+                },
+            },
+        },
+    ]
+
+
+def test_a_users_objects_named_like_a_service_are_left_untouched(
+    op: PodOperator, namespace: str
+) -> None:
+    """Under the chart's RBAC on the real apiserver: an InferenceService named like a
+    user's Service, PodDisruptionBudget or Deployment stalls with ``<Kind>Conflict`` and
+    changes nothing of that object (same resourceVersion, no owner, no label added)."""
+    cluster = op.cluster
+    mine = _users_objects("taken")
+    cluster.apply(mine, namespace=namespace)
+    before = {
+        doc["kind"]: cluster.kubectl_json("get", doc["kind"].lower(), doc["metadata"]["name"],
+                                          "-n", namespace)
+        for doc in mine
+    }  # fmt: skip
+    for doc in mine:
+        cluster.apply(_isvc(doc["metadata"]["name"]), namespace=namespace)
+
+    for kind, obj in before.items():
+        name = obj["metadata"]["name"]
+
+        def stalled(name: str = name) -> Any:
+            isvc = cluster.kubectl_json("get", "vis", name, "-n", namespace)
+            conds = {c["type"]: c for c in isvc.get("status", {}).get("conditions", [])}
+            return conds.get("Stalled", {}).get("status") == "True" and conds["Stalled"]
+
+        condition = wait_for(stalled, f"{name} Stalled with {kind}Conflict")
+        assert condition["reason"] == f"{kind}Conflict", condition
+    # A few passes later still: nothing of the user's objects changed.
+    for kind, obj in before.items():
+        now = cluster.kubectl_json("get", kind.lower(), obj["metadata"]["name"], "-n", namespace)
+        assert now["metadata"]["resourceVersion"] == obj["metadata"]["resourceVersion"], kind
+        assert not now["metadata"].get("ownerReferences"), kind
+        assert now["metadata"].get("labels") == obj["metadata"].get("labels"), kind
+    assert not _rbac_denials(op.log_tail(400))

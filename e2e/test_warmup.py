@@ -8,20 +8,27 @@ picks: ``ok``, ``slow`` (0.4 s to each first token, so a warmup takes a while) o
 ``fail`` (every generation answers 500). A real CPU vLLM's warmup, gate and TTFT are in
 e2e/test_real_node.py; this module is about what the operator does around the kubelet:
 scale-up, failed warmups, a pod deleted mid-warmup, an operator restarted mid-warmup,
-and a server container that crashed and was restarted by the kubelet.
+a server container that crashed and was restarted by the kubelet, and Ready's promise: the
+first request through the Service the instant Ready turns True is served.
 """
 
 from __future__ import annotations
 
+import os
+import selectors
+import subprocess
+import time
 from collections.abc import Callable
 from typing import Any
 
+import httpx
 import pytest
 
 from devenv.cluster import node
 from devenv.cluster.cluster import ClusterHandle
 from devenv.cluster.images import Images
 from devenv.cluster.processes import wait_until
+from devenv.dev import service_url
 from e2e.k8s_helpers import condition
 from e2e.real_node_fixtures import ChartOperator
 from vllm_operator.constants import GROUP, LABEL_SERVICE, LABEL_WARMUP_FOR
@@ -238,3 +245,70 @@ def test_a_server_container_restarted_by_the_kubelet_is_warmed_again(
     assert second in condition(now, GATE)["message"]
     assert jobs[second]["status"].get("succeeded") == 1
     assert condition(_isvc_now(cluster, ns, "svc"), "Ready")["status"] == "True"
+
+
+# How many services the Ready-then-request test brings up in turn (20 for the figure in
+# the closing note of issue 35; 3 in CI, to keep the cluster tier's time).
+READY_SERVICES = int(os.environ.get("VLLM_OP_READY_SERVICES", "3"))
+
+
+def _first_ready(watch: subprocess.Popen[str], deadline: float) -> float:
+    """Read the watch's lines (one Ready status per event) until one says True; the
+    monotonic time it was read."""
+    assert watch.stdout is not None
+    with selectors.DefaultSelector() as sel:
+        sel.register(watch.stdout, selectors.EVENT_READ)
+        while time.monotonic() < deadline:
+            if not sel.select(timeout=deadline - time.monotonic()):
+                break
+            line = watch.stdout.readline()
+            if not line:
+                break
+            if line.strip() == "True":
+                return time.monotonic()
+    raise AssertionError("Ready never turned True within the deadline")
+
+
+def test_the_first_request_the_instant_ready_turns_true_is_served(
+    cluster: ClusterHandle, real_images: Images, fault_ns: str
+) -> None:
+    """Ready=True promises that the first request through the Service is served. For each
+    of READY_SERVICES services in turn, a `kubectl get --watch` reports the instant Ready
+    turns True, and one request goes through the ClusterIP then: no retry and no /health
+    poll before it, as a user's `kubectl wait` and a client would do."""
+    ns = fault_ns
+    refused: list[str] = []
+    answered_ms: list[float] = []
+    jsonpath = '{.status.conditions[?(@.type=="Ready")].status}{"\\n"}'
+    for i in range(READY_SERVICES):
+        name = f"ready-{i}"
+        cluster.apply(_isvc(name, "ok", real_images.fault_server), namespace=ns)
+        watch = subprocess.Popen(
+            [str(cluster.kubectl_path), f"--kubeconfig={cluster.kubeconfig}", "get", "vis",
+             name, "-n", ns, "--watch", "-o", f"jsonpath={jsonpath}"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=cluster.env(),
+        )  # fmt: skip
+        try:
+            _first_ready(watch, time.monotonic() + 180)
+            url = service_url(cluster, ns, name)
+            body = {"model": "fake-model", "prompt": "hello", "max_tokens": 4}
+            started = time.monotonic()
+            try:
+                answer = httpx.post(f"{url}/v1/completions", json=body, timeout=10)
+                if answer.status_code != 200:
+                    refused.append(f"{name}: HTTP {answer.status_code}")
+                else:
+                    answered_ms.append((time.monotonic() - started) * 1000)
+            except httpx.HTTPError as exc:
+                refused.append(f"{name}: {type(exc).__name__} {exc}")
+        finally:
+            watch.kill()
+            watch.wait()
+        # One server at a time: the node's two cores hold one such pod beside the rest.
+        cluster.kubectl("delete", "vis", name, "-n", ns, "--wait=true", timeout=180)
+        wait_until(f"{name}'s pods gone", lambda n=name: not _servers(cluster, ns, n), 120)
+    print(
+        f"\nReady-then-request: {READY_SERVICES} services, {len(refused)} refused; answered "
+        f"in {sorted(round(ms, 1) for ms in answered_ms)} ms"
+    )
+    assert not refused, refused

@@ -265,14 +265,18 @@ def _network_down() -> None:
     _iptables_cleanup()
 
 
+def mount_points() -> list[str]:
+    """Every mount point of this process's mount namespace (/proc/self/mountinfo)."""
+    return [
+        line.split()[4].replace("\\040", " ")
+        for line in Path("/proc/self/mountinfo").read_text().splitlines()
+    ]
+
+
 def _unmount_under(*roots: Path) -> None:
     """Unmounts whatever the kubelet or containerd left mounted below these folders."""
     prefixes = [str(r.resolve()) + "/" for r in roots] + ["/run/netns/cni-"]
-    points = []
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        point = line.split()[4].replace("\\040", " ")
-        if any(point.startswith(p) for p in prefixes):
-            points.append(point)
+    points = [point for point in mount_points() if any(point.startswith(p) for p in prefixes)]
     for point in sorted(points, key=len, reverse=True):
         _run("umount", "-l", point, check=False)
 
