@@ -291,10 +291,14 @@ RENDERED = _golden_args() + [
 def test_the_rendered_cases_cover_every_golden_file() -> None:
     ids = {p.id for p in RENDERED}
     for case in GOLDEN_CASES:
-        assert f"golden {case}" in ids or {
-            f"golden {case} leader",
-            f"golden {case} worker",
-        } <= ids, case
+        assert (
+            f"golden {case}" in ids
+            or {
+                f"golden {case} leader",
+                f"golden {case} worker",
+            }
+            <= ids
+        ), case
 
 
 @pytest.mark.vllm
@@ -306,8 +310,15 @@ def test_vllm_accepts_what_the_operator_renders(vllm_python: Path, args: list[st
         "command": ["vllm", "serve", *adapted],
         "env": {"VLLM_CPU_KVCACHE_SPACE": "1"},
     }
+
+
+@pytest.mark.vllm
+def test_fast_start_off_keeps_the_rendered_mode(vllm_python: Path) -> None:
+    args = _rendered_args({"gpu": {"count": 1}})
+    assert "--no-enforce-eager" in args
     kept = _checked(_run(vllm_python, "serve", *args, env={"VLLM_CPU_FAST_START": "0"}))
     assert kept["command"] == ["vllm", "serve", *serve.adapt(args)[0]]
+    assert "--enforce-eager" not in kept["command"]
 
 
 @pytest.mark.vllm
