@@ -295,7 +295,7 @@ def _server_pods(cluster: ClusterHandle, ns: str) -> dict[str, dict[str, Any]]:
     return {p["metadata"]["name"]: p for p in found.get("items", [])}
 
 
-def test_a_chaos_restart_evicts_a_server_mid_run_and_counts_the_errors(
+def test_a_chaos_restart_evicts_a_server_mid_run_and_loses_no_request(
     cluster: ClusterHandle, real_images: Images, target_ns: str
 ) -> None:
     """The load Job evicts one of the two servers through the Eviction API (its Role
