@@ -412,3 +412,37 @@ def test_compact_status_keeps_the_failure_whatever_it_drops() -> None:
     text = compact_status(huge)
     assert len(text.encode()) <= 4096
     assert json.loads(text)["failure"] == failure
+
+
+def test_a_sweep_too_large_for_the_message_keeps_every_level_slimmed() -> None:
+    """Issue 44: a three-level sweep with chaos phases lost its levels (and the headline's
+    TTFT P99) to the 4 KiB termination message; the key numbers of each are kept now."""
+    level = {
+        "ratePerSecond": 2.0,
+        "requests": 40,
+        "succeeded": 40,
+        "sloAttainment": 1.0,
+        "clientSaturated": True,
+        "scheduleLagP99Milliseconds": 20.0,
+        "buckets": [{"minPromptTokens": i, "maxPromptTokens": i, "requests": 1} for i in range(8)],
+        "fromScheduled": {
+            "ttft": {"p50": 30.0, "p90": 50.0, "p99": 59.0, "max": 61.0},
+            "e2e": {"p50": 300.0, "p99": 420.0},
+            "tpot": {"p99": 9.0},
+        },
+        "fromSend": {"ttft": {"p50": 20.0, "p99": 40.0}},
+        "errorsByKind": {"ttft-deadline": 0},
+    }
+    levels = [{**level, "ratePerSecond": r} for r in (2.0, 4.0, 8.0)]
+    chaos = {"perturbation": "network", "ratePerSecond": 3.2, "verdict": "v" * 300,
+             "baseline": level, "perturbed": level}  # fmt: skip
+    status = {"levels": levels, "chaos": [chaos] * 3, "chaosNote": "n" * 100}
+    # Too large even with every bucket dropped.
+    unbucketed = [{k: v for k, v in lv.items() if k != "buckets"} for lv in levels]
+    assert len(json.dumps({**status, "levels": unbucketed}).encode()) > 4096
+    kept = json.loads(compact_status(status))
+    assert [lv["ratePerSecond"] for lv in kept["levels"]] == [2.0, 4.0, 8.0]
+    assert kept["levels"][0]["fromScheduled"] == {"ttft": {"p99": 59.0}, "e2e": {"p99": 420.0}}
+    assert kept["levels"][0]["clientSaturated"] is True
+    assert len(kept["chaos"]) == 3
+    InferenceBenchmarkStatus.model_validate(kept)

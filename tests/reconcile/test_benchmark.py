@@ -225,6 +225,68 @@ async def test_the_chaos_phase_of_the_report_reaches_the_status() -> None:
     assert kept["perturbed"]["succeeded"] == 20 and kept["baseline"]["succeeded"] == 60
 
 
+def _level(rate: float, attainment: float, saturated: bool, lag: float = 2.0) -> dict[str, Any]:
+    return {
+        "ratePerSecond": rate,
+        "requests": 40,
+        "succeeded": round(40 * attainment),
+        "failed": 40 - round(40 * attainment),
+        "sloAttainment": attainment,
+        "clientSaturated": saturated,
+        "scheduleLagP99Milliseconds": lag,
+    }
+
+
+@pytest.mark.parametrize(
+    ("report", "reason", "words"),
+    [
+        pytest.param(
+            {"levels": [_level(2, 1.0, True, 20.0), _level(4, 1.0, True, 17.0)]},
+            "ClientLimited",
+            ["at any of the 2 levels", "schedule lag P99 up to 20 ms", "a CPU of its own"],
+            id="every level limited by the client (issue 44's run)",
+        ),
+        pytest.param(
+            {"levels": [_level(2, 0.9, False), _level(4, 0.5, False)]},
+            "NoLevelMetSLO",
+            ["2 of 2 levels missed the SLO", "lowest measured 50.0%, at 4 req/s", "spec.slo"],
+            id="every level missed the SLO",
+        ),
+        pytest.param(
+            {"levels": [_level(2, 0.95, False), _level(8, 1.0, True, 30.0)]},
+            "NoLevelMetSLO",
+            ["1 of 2 levels missed", "the load client was the bottleneck at 8 req/s"],
+            id="one missed, one limited by the client",
+        ),
+        pytest.param(
+            {"truncated": True},
+            "LevelsNotReported",
+            ["reported no level", "did not fit the termination message"],
+            id="a report cut to nothing",
+        ),
+    ],
+)
+async def test_a_run_that_ended_well_without_a_headline_says_why(
+    report: dict[str, Any], reason: str, words: list[str]
+) -> None:
+    """Issue 44: the Job completed, its levels measured, but none was the headline: this
+    read 'LoadFailed: the load Job failed' with the levels dropped."""
+    api = RecordingCluster()
+    api.put(BENCH)
+    api.put(_target(ready=True))
+    await _run(api)
+    _job_done(api, "Complete", {**report, "resultsConfigMap": "load-results"})
+    assert await _run(api) == "Succeeded"
+    assert _phase(api) == ("Succeeded", reason)
+    message = _message(api)
+    for word in words:
+        assert word in message, (word, message)
+    assert "ConfigMap load-results" in message
+    status = api.objects[KEY]["status"]
+    assert len(status.get("levels", [])) == len(report.get("levels", []))
+    assert "headline" not in status and status["completionTime"]
+
+
 async def test_results_that_did_not_reach_the_config_map_are_not_claimed() -> None:
     api = RecordingCluster()
     api.put(BENCH)

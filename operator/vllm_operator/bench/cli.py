@@ -548,8 +548,8 @@ def read_spec(path: Path) -> dict[str, Any]:
 
 def compact_status(status: dict[str, Any], limit: int = TERMINATION_MESSAGE_LIMIT) -> str:
     """The status as JSON within ``limit`` bytes, dropping detail until it fits: first the
-    per-bucket breakdowns (the chaos runs never keep theirs), then the levels, then all but
-    the key numbers of the headline and of the chaos runs."""
+    per-bucket breakdowns (the chaos runs never keep theirs), then all but the key numbers
+    of each level, of the headline and of the chaos runs, then the levels."""
     levels = status.get("levels", [])
 
     def unbucketed(level: Any) -> Any:
@@ -577,6 +577,15 @@ def compact_status(status: dict[str, Any], limit: int = TERMINATION_MESSAGE_LIMI
     candidates = [
         status,
         {**status, "levels": [unbucketed(lv) for lv in levels]},
+        # Every level kept, with its key numbers only: a sweep's levels are what tell a
+        # run without a headline from one that measured nothing.
+        {**status, "levels": [_slim(lv) for lv in levels]},
+        {
+            **status,
+            "levels": [_slim(lv) for lv in levels],
+            "headline": _slim(status.get("headline")),
+            **({"chaos": slim_chaos} if chaos else {}),
+        },
         {**{k: v for k, v in status.items() if k != "levels"}},
         {
             **{k: v for k, v in status.items() if k not in ("levels", "headline")},
@@ -602,7 +611,18 @@ def _slim(level: Any) -> Any:
     keep = ("ratePerSecond", "concurrency", "requests", "succeeded", "failed",
             "requestsPerSecond", "sloAttainment", "scheduleLagP99Milliseconds",
             "unsent", "errored", "clientSaturated")  # fmt: skip
-    return {k: level[k] for k in keep if k in level}
+    slim = {k: level[k] for k in keep if k in level}
+    # The P99s from the scheduled send: the TTFT column of `kubectl get` and the verdicts.
+    scheduled = level.get("fromScheduled")
+    if isinstance(scheduled, dict):
+        p99s = {
+            name: {"p99": value["p99"]}
+            for name, value in scheduled.items()
+            if name in ("ttft", "e2e") and isinstance(value, dict) and "p99" in value
+        }
+        if p99s:
+            slim["fromScheduled"] = p99s
+    return slim
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:

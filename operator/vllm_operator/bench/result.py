@@ -26,6 +26,7 @@ from vllm_operator.bench.resources import ResourceStats
 from vllm_operator.bench.search import knee
 from vllm_operator.bench.stats import LatencySummary, LevelStats, Summary
 from vllm_operator.models.inference_benchmark import (
+    DEFAULT_TARGET_ATTAINMENT,
     BucketResult,
     ChaosResult,
     InferenceBenchmarkSpec,
@@ -34,8 +35,6 @@ from vllm_operator.models.inference_benchmark import (
     LevelResult,
     Percentiles,
 )
-
-DEFAULT_TARGET_ATTAINMENT = 0.99
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,6 @@ from vllm_operator.bench.records import Load, RequestRecord
 from vllm_operator.bench.resources import DEFAULT_INTERVAL_S as DEFAULT_METRICS_INTERVAL_S
 from vllm_operator.bench.restart import Eviction, PodEvictor
 from vllm_operator.bench.result import (
-    DEFAULT_TARGET_ATTAINMENT,
     BenchmarkResult,
     ChaosOutcome,
     LevelOutcome,
@@ -162,7 +161,7 @@ def slo_of(spec: InferenceBenchmarkSpec) -> Slo:
 
 
 def target_attainment(spec: InferenceBenchmarkSpec) -> float:
-    return spec.search.target_attainment if spec.search is not None else DEFAULT_TARGET_ATTAINMENT
+    return spec.target_attainment()
 
 
 def schedule_for(spec: InferenceBenchmarkSpec, load: Load, inputs: RunInputs) -> arrivals.Schedule:

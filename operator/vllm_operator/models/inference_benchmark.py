@@ -28,6 +28,9 @@ DEFAULT_MAX_ERROR_FRACTION: Final = 0.05
 # The reason of a benchmark that failed on spec.maxErrorFraction. The load Job names it in
 # its termination message (``failure.reason``) and the phase Failed carries it.
 REASON_TOO_MANY_REQUEST_ERRORS: Final = "TooManyRequestErrors"
+# The share of a level's requests that must meet the SLO for the level to pass, unless a
+# Search names another (search.targetAttainment).
+DEFAULT_TARGET_ATTAINMENT: Final = 0.99
 
 ArrivalProcess = Literal["Constant", "Poisson", "Gamma", "Pulse", "ClosedLoop", "Trace"]
 
@@ -176,7 +179,10 @@ class SearchSpec(ApiModel):
     min_rate_per_second: float = Field(gt=0, le=100_000, description="Lowest rate to try.")
     max_rate_per_second: float = Field(gt=0, le=100_000, description="Highest rate to try.")
     target_attainment: float = Field(
-        default=0.99, gt=0, le=1, description="Share of requests that must meet the SLO."
+        default=DEFAULT_TARGET_ATTAINMENT,
+        gt=0,
+        le=1,
+        description="Share of requests that must meet the SLO.",
     )
     max_probes: int = Field(default=8, ge=2, le=64, description="Most load levels to try.")
 
@@ -388,6 +394,14 @@ class InferenceBenchmarkSpec(ApiModel):
         "other than a deadline (connection errors, HTTP errors, timeouts) or were never sent. "
         "Deadline misses count against the SLO, not here. 1 never fails.",
     )
+
+    def target_attainment(self) -> float:
+        """The share of a level's requests that must meet the SLO for the level to pass."""
+        return (
+            self.search.target_attainment
+            if self.search is not None
+            else (DEFAULT_TARGET_ATTAINMENT)
+        )
 
     model_config = cel_rules(
         {

@@ -372,6 +372,35 @@ async def reconcile_inference_benchmark(
             ),
         )
         return "Succeeded"
+    if state == "Succeeded":
+        # The load ran to the end and exited 0, but no level is the headline: say why,
+        # with every level and chaos phase it measured (issue 44: this read "the load Job
+        # failed" with the levels dropped).
+        measured = _measured(report)
+        reason, why = no_headline(measured, bench.spec.target_attainment(), report)
+        data = (
+            f" Its per-request data is in ConfigMap {results}."
+            if written
+            else f" The per-request data did not reach ConfigMap {results}."
+        )
+        await _write(
+            api,
+            body,
+            bench,
+            status(
+                "Succeeded",
+                reason,
+                f"The benchmark ran to the end without a headline level: {why}{data}",
+                start_time=old.start_time or now,
+                completion_time=now,
+                levels=measured.levels,
+                knee_rate_per_second=measured.knee_rate_per_second,
+                chaos=measured.chaos,
+                chaos_note=measured.chaos_note,
+                results_config_map=results if written else None,
+            ),
+        )
+        return "Succeeded"
     why = report.get("message") or "the load Job failed"
     await _write(
         api,
@@ -410,6 +439,65 @@ def serving_target_pods(pods: list[Manifest]) -> list[Manifest]:
             and p["metadata"].get("labels", {}).get(LWS_WORKER_INDEX, "0") == "0"
         ),
         key=lambda p: str(p["metadata"]["name"]),
+    )
+
+
+# Why a run that ended well has no headline level (phase Succeeded, one of these reasons).
+REASON_CLIENT_LIMITED: Final = "ClientLimited"
+REASON_NO_LEVEL_MET_SLO: Final = "NoLevelMetSLO"
+REASON_LEVELS_NOT_REPORTED: Final = "LevelsNotReported"
+
+
+def no_headline(
+    measured: InferenceBenchmarkStatus, target_attainment: float, report: Manifest
+) -> tuple[str, str]:
+    """(reason, sentence) for a load Job that ended well with no headline level: which of
+    its levels the load client limited, which missed the SLO, and what to do next."""
+    levels = measured.levels
+    if not levels:
+        truncated = (
+            " (its report did not fit the termination message)" if report.get("truncated") else ""
+        )
+        return REASON_LEVELS_NOT_REPORTED, (
+            f"the load Job reported no level{truncated}; see its log for what it measured"
+        )
+
+    def load(lv: Any) -> str:
+        if lv.rate_per_second is not None:
+            return f"{lv.rate_per_second:g} req/s"
+        return f"concurrency {lv.concurrency}" if lv.concurrency is not None else "the load"
+
+    limited = [lv for lv in levels if lv.client_saturated]
+    missed = [
+        lv
+        for lv in levels
+        if not lv.client_saturated
+        and (lv.slo_attainment is None or lv.slo_attainment < target_attainment)
+    ]
+    if len(limited) == len(levels):
+        lags = [lv.schedule_lag_p99_milliseconds for lv in limited]
+        worst = max((lag for lag in lags if lag is not None), default=None)
+        lag = f" (schedule lag P99 up to {worst:.3g} ms)" if worst is not None else ""
+        return REASON_CLIENT_LIMITED, (
+            f"the load client could not keep to the schedule at any of the {len(levels)} "
+            f"levels{lag}, so none counts toward the SLO; give the load Job a CPU of its own "
+            "(a node without the target's pods, or a larger CPU request) or lower the load"
+        )
+    parts = []
+    if missed:
+        worst_attained = min((lv.slo_attainment or 0.0) for lv in missed)
+        parts.append(
+            f"{len(missed)} of {len(levels)} levels missed the SLO (target attainment "
+            f"{target_attainment:.0%}; lowest measured {worst_attained:.1%}, at "
+            f"{load(min(missed, key=lambda lv: lv.slo_attainment or 0.0))})"
+        )
+    if limited:
+        parts.append(
+            f"the load client was the bottleneck at {', '.join(load(lv) for lv in limited)}"
+        )
+    return REASON_NO_LEVEL_MET_SLO, (
+        "; ".join(parts) + "; lower the load (spec.arrival, spec.sweep, spec.search) or relax "
+        "the objective (spec.slo)"
     )
 
 
