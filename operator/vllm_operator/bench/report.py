@@ -34,7 +34,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from vllm_operator.bench.records import Load, RequestRecord
-from vllm_operator.bench.result import BenchmarkResult, LevelOutcome, knee_resource, to_status
+from vllm_operator.bench.result import (
+    BenchmarkResult,
+    LevelOutcome,
+    judge,
+    knee_resource,
+    to_status,
+)
 from vllm_operator.bench.stats import LevelStats
 
 JSON_VERSION = 1
@@ -219,9 +225,15 @@ def print_summary(result: BenchmarkResult, console: Console) -> None:
             if best is not None
             else "No probed rate met the SLO."
         )
+    target = result.spec.target_attainment()
     for lv in result.levels:
         if lv.stats.client_saturated:
-            console.print(f"[bold red]{_load_label(lv.stats)}: {lv.stats.verdict}[/]")
+            counted = {
+                "met": "it still met the SLO, its lag inside the latencies measured",
+                "missed": "it missed the SLO even from the send, so the miss is the server's",
+                "client": "the lag could have decided it, so it counts neither way",
+            }[judge(lv.stats, target)]
+            console.print(f"[bold red]{_load_label(lv.stats)}: {lv.stats.verdict}; {counted}[/]")
     for c in result.chaos:
         console.print(f"Chaos at {c.rate_per_second:.4g} req/s, {c.perturbation}: {c.verdict}")
     if result.chaos_note:

@@ -216,11 +216,35 @@ def _load_label(stats: LevelStats) -> str:
     return stats.process
 
 
+def judge(stats: LevelStats, target_attainment: float = DEFAULT_TARGET_ATTAINMENT) -> str:
+    """How a level counts toward the SLO: ``"met"``, ``"missed"``, or ``"client"`` (the
+    load client decided it, so it counts neither way).
+
+    Latencies are measured from the scheduled send, so a client's lag is already inside
+    them: a level that met the objective from the schedule met it whatever the client
+    did, and one that missed it even from the send (the lag taken out) missed it whatever
+    the client did. Only a level where the two disagree is the client's to decide. That
+    holds when the lag is the client's only fault; a client that sent fewer requests than
+    scheduled, or held them for a connection, offered another load than the one named, and
+    its level is the client's."""
+    attainment = stats.slo_attainment
+    met = attainment is not None and attainment >= target_attainment
+    if not stats.client_saturated:
+        return "met" if met else "missed"
+    if not stats.client_lag_only:
+        return "client"
+    if met:
+        return "met"
+    from_send = stats.slo_attainment_from_send
+    if from_send is not None and from_send < target_attainment:
+        return "missed"
+    return "client"
+
+
 def passed(stats: LevelStats, target_attainment: float = DEFAULT_TARGET_ATTAINMENT) -> bool:
-    """A level passes when the client kept up and enough requests met the SLO."""
-    if stats.client_saturated:
-        return False
-    return stats.slo_attainment is not None and stats.slo_attainment >= target_attainment
+    """A level passes when enough of its requests met the SLO and the load client's lag
+    could not have changed that (see :func:`judge`)."""
+    return judge(stats, target_attainment) == "met"
 
 
 # --- status ------------------------------------------------------------------------------

@@ -167,6 +167,11 @@ class LevelStats:
     client_saturated: bool
     verdict: str
     buckets: tuple[BucketStats, ...] = field(default_factory=tuple)
+    # The share that met the SLO measured from the send, not the schedule (without the
+    # client's lag); and whether the client's only fault was that lag (it sent every
+    # request, at the scheduled rate, never waiting for a connection).
+    slo_attainment_from_send: float | None = None
+    client_lag_only: bool = False
     # Scheduled requests never sent; errored requests (see the module docstring: no
     # answer for a reason other than a deadline, or never sent) and their share.
     unsent: int = 0
@@ -193,15 +198,15 @@ def itls(rec: RequestRecord) -> list[float]:
     return [b - a for a, b in itertools.pairwise(times)]
 
 
-def meets_slo(rec: RequestRecord, slo: Slo) -> bool:
-    """Answered without error and within every objective (TTFT, E2E from scheduled)."""
+def meets_slo(rec: RequestRecord, slo: Slo, *, from_send: bool = False) -> bool:
+    """Answered without error and within every objective (TTFT, E2E from scheduled; with
+    ``from_send``, from the moment the client sent it: without the client's lag)."""
     if not rec.ok or rec.end is None:
         return False
-    if slo.ttft_s is not None and (
-        rec.first_token is None or rec.first_token - rec.scheduled > slo.ttft_s
-    ):
+    start = rec.sent if from_send and rec.sent is not None else rec.scheduled
+    if slo.ttft_s is not None and (rec.first_token is None or rec.first_token - start > slo.ttft_s):
         return False
-    if slo.e2e_s is not None and rec.end - rec.scheduled > slo.e2e_s:
+    if slo.e2e_s is not None and rec.end - start > slo.e2e_s:
         return False
     t = tpot(rec)
     return not (slo.tpot_s is not None and t is not None and t > slo.tpot_s)
@@ -269,6 +274,17 @@ def summarize(
         for r in records
         if r.sent is None or (r.error is not None and r.error not in DEADLINE_KINDS)
     )
+    lag_only = (
+        lag is not None
+        and lag.p99 > lag_limit_s
+        and not unsent
+        and not (recording.requests_at_connection_cap or 0)
+        and not (
+            send_rate is not None
+            and scheduled_rate
+            and send_rate < SEND_RATE_FLOOR * scheduled_rate
+        )
+    )
     saturated, verdict = _verdict(
         lag,
         lag_limit_s,
@@ -298,6 +314,12 @@ def summarize(
         output_tokens_per_second=out_tokens / duration,
         goodput_per_second=len(good) / duration,
         slo_attainment=(len(good) / len(records) if records else None),
+        slo_attainment_from_send=(
+            sum(1 for r in ok if meets_slo(r, slo, from_send=True)) / len(records)
+            if records
+            else None
+        ),
+        client_lag_only=saturated and lag_only,
         from_send=_latencies(records, from_scheduled=False),
         from_scheduled=_latencies(records, from_scheduled=True),
         schedule_lag=lag,

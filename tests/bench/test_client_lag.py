@@ -1,0 +1,130 @@
+"""A load client that lags its schedule decides a level's verdict only where its lag could
+(issue 44): latencies count from the scheduled send, so the lag is already inside them.
+
+Synthetic timelines, every instant known: a server whose first token comes a fixed time
+after each send (fast below a rate, slow above it), and a client that sends every request
+a fixed time late, which is over the 5 ms lag limit and so "the bottleneck" by its lag.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from vllm_operator.bench.records import LevelRecording, Load, RequestRecord
+from vllm_operator.bench.result import judge, passed
+from vllm_operator.bench.search import RateSearch
+from vllm_operator.bench.stats import LevelStats, Slo, summarize
+
+SLO = Slo(ttft_s=0.300)
+# The server: 60 ms to the first token up to 16 req/s, 900 ms above (it is queueing).
+CAPACITY = 16.0
+
+
+def _ttft(rate: float) -> float:
+    return 0.060 if rate <= CAPACITY else 0.900
+
+
+def _records(rate: float, *, lag: float, ttft: float, requests: int = 60) -> list[RequestRecord]:
+    first = ttft
+    records = []
+    for i in range(requests):
+        scheduled = i / rate
+        sent = scheduled + lag
+        records.append(
+            RequestRecord(
+                index=i,
+                scheduled=scheduled,
+                prompt_tokens_planned=100,
+                output_tokens_planned=2,
+                sent=sent,
+                first_token=sent + first,
+                chunk_times=[sent + first, sent + first + 0.01],
+                end=sent + first + 0.01,
+                status=200,
+                prompt_tokens=100,
+                completion_tokens=2,
+            )
+        )
+    return records
+
+
+def _level(rate: float, *, lag: float, ttft: float | None = None) -> LevelStats:
+    records = _records(rate, lag=lag, ttft=_ttft(rate) if ttft is None else ttft)
+    recording = LevelRecording(
+        load=Load(rate_per_second=rate),
+        records=tuple(records),
+        start=0.0,
+        end=max(r.end or 0.0 for r in records),
+        wall_start=0.0,
+        client_cpu_seconds=0.1,
+    )
+    return summarize(recording, slo=SLO)
+
+
+@pytest.mark.parametrize(
+    ("lag", "ttft", "expected"),
+    [
+        pytest.param(0.001, 0.060, "met", id="a client on schedule, a fast server: met"),
+        pytest.param(0.001, 0.900, "missed", id="a client on schedule, a slow server: missed"),
+        pytest.param(
+            0.020, 0.060, "met", id="lag 20 ms, TTFT 80 ms from the schedule: met whatever"
+        ),
+        pytest.param(
+            0.020, 0.900, "missed", id="lag 20 ms, 900 ms from the send: the server's miss"
+        ),
+        pytest.param(
+            0.260,
+            0.100,
+            "client",
+            id="lag 260 ms, 100 ms from the send, 360 from the schedule: the client's to decide",
+        ),
+    ],
+)
+def test_a_lagging_client_decides_only_what_its_lag_could_flip(
+    lag: float, ttft: float, expected: str
+) -> None:
+    stats = _level(4.0, lag=lag, ttft=ttft)
+    assert stats.client_saturated is (lag > 0.005)
+    assert judge(stats) == expected
+    assert passed(stats) is (expected == "met")
+
+
+def test_a_client_that_sends_too_few_requests_decides_its_level() -> None:
+    """Late and short of its schedule: the load the server saw is not the one named, so
+    even a level that met the objective is the client's."""
+    stats = _level(4.0, lag=0.020)
+    recording = LevelRecording(
+        load=Load(rate_per_second=4.0),
+        records=tuple(
+            dataclasses.replace(r, sent=None, first_token=None, chunk_times=[], end=None)
+            if r.index % 4 == 3
+            else r
+            for r in _records(4.0, lag=0.020, ttft=0.060)
+        ),
+        start=0.0,
+        end=20.0,
+        wall_start=0.0,
+    )
+    short = summarize(recording, slo=SLO)
+    assert stats.client_lag_only and not short.client_lag_only
+    assert short.client_saturated and short.unsent == 15
+    assert judge(short) == "client"
+
+
+def _search(lag: float) -> float | None:
+    search = RateSearch(low=1.0, high=32.0, max_probes=10)
+    while (rate := search.next_rate()) is not None:
+        search.record(rate, passed(_level(rate, lag=lag)))
+    return search.best
+
+
+def test_the_search_finds_the_servers_rate_through_a_lagging_client() -> None:
+    """The search of issue 44 reported 2.125 req/s where every probed level met the
+    objective: its levels with lag over 5 ms counted as misses. With a server that meets a
+    300 ms TTFT objective up to 16 req/s, a client 15 ms late on every send finds what a
+    punctual one finds."""
+    punctual = _search(lag=0.001)
+    assert punctual is not None and 15.0 <= punctual <= CAPACITY
+    assert _search(lag=0.015) == punctual
