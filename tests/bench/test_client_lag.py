@@ -13,7 +13,7 @@ import dataclasses
 import pytest
 
 from vllm_operator.bench.records import LevelRecording, Load, RequestRecord
-from vllm_operator.bench.result import judge, passed
+from vllm_operator.bench.result import judge, level_result, passed
 from vllm_operator.bench.search import RateSearch
 from vllm_operator.bench.stats import LevelStats, Slo, summarize
 
@@ -89,6 +89,8 @@ def test_a_lagging_client_decides_only_what_its_lag_could_flip(
     assert stats.client_saturated is (lag > 0.005)
     assert judge(stats) == expected
     assert passed(stats) is (expected == "met")
+    verdict = {"met": "Met", "missed": "Missed", "client": "ClientLimited"}[expected]
+    assert level_result(stats).slo_verdict == verdict
 
 
 def test_a_client_that_sends_too_few_requests_decides_its_level() -> None:

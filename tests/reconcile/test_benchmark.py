@@ -259,6 +259,12 @@ def _level(rate: float, attainment: float, saturated: bool, lag: float = 2.0) ->
             id="one missed, one limited by the client",
         ),
         pytest.param(
+            {"levels": [{**_level(2, 0.5, True, 20.0), "sloVerdict": "Missed"}]},
+            "NoLevelMetSLO",
+            ["1 of 1 levels missed the SLO"],
+            id="a lagging client at a level the server missed even from the send",
+        ),
+        pytest.param(
             {"truncated": True},
             "LevelsNotReported",
             ["reported no level", "did not fit the termination message"],

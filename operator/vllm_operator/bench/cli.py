@@ -610,7 +610,7 @@ def _slim(level: Any) -> Any:
         return level
     keep = ("ratePerSecond", "concurrency", "requests", "succeeded", "failed",
             "requestsPerSecond", "sloAttainment", "scheduleLagP99Milliseconds",
-            "unsent", "errored", "clientSaturated")  # fmt: skip
+            "unsent", "errored", "clientSaturated", "sloVerdict")  # fmt: skip
     slim = {k: level[k] for k in keep if k in level}
     # The P99s from the scheduled send: the TTFT column of `kubectl get` and the verdicts.
     scheduled = level.get("fromScheduled")

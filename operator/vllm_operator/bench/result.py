@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Final, Literal
 
 from vllm_operator.bench.records import DEADLINE_KINDS, LevelRecording
 from vllm_operator.bench.resources import ResourceStats
@@ -276,7 +276,16 @@ def latency_set(latency: LatencySummary) -> LatencySet:
     )
 
 
-def level_result(stats: LevelStats) -> LevelResult:
+_SLO_VERDICTS: Final[dict[str, Literal["Met", "Missed", "ClientLimited"]]] = {
+    "met": "Met",
+    "missed": "Missed",
+    "client": "ClientLimited",
+}
+
+
+def level_result(
+    stats: LevelStats, target_attainment: float = DEFAULT_TARGET_ATTAINMENT
+) -> LevelResult:
     """One level in the API's shape (milliseconds)."""
     lag = stats.schedule_lag
     return LevelResult(
@@ -298,6 +307,7 @@ def level_result(stats: LevelStats) -> LevelResult:
         errored=stats.errored,
         connections_opened=stats.connections_opened,
         client_saturated=stats.client_saturated,
+        slo_verdict=_SLO_VERDICTS[judge(stats, target_attainment)],
         buckets=[
             BucketResult(
                 min_prompt_tokens=b.min_tokens,
@@ -316,11 +326,16 @@ def to_status(
 ) -> InferenceBenchmarkStatus:
     """The measured part of the InferenceBenchmark status (no phase or conditions)."""
     headline = result.headline
+    target = result.spec.target_attainment()
+
+    def as_level(stats: LevelStats) -> LevelResult:
+        return level_result(stats, target)
+
     return InferenceBenchmarkStatus(
         start_time=result.start_time,
         completion_time=result.end_time,
-        levels=[level_result(lv.stats) for lv in result.levels],
-        headline=None if headline is None else level_result(headline.stats),
+        levels=[as_level(lv.stats) for lv in result.levels],
+        headline=None if headline is None else as_level(headline.stats),
         knee_rate_per_second=(
             None if result.knee_rate_per_second is None else round(result.knee_rate_per_second, 4)
         ),
@@ -329,8 +344,8 @@ def to_status(
             ChaosResult(
                 perturbation=c.perturbation,
                 rate_per_second=c.rate_per_second,
-                baseline=level_result(c.baseline.stats),
-                perturbed=level_result(c.perturbed.stats),
+                baseline=as_level(c.baseline.stats),
+                perturbed=as_level(c.perturbed.stats),
                 verdict=c.verdict,
             )
             for c in result.chaos

@@ -546,6 +546,13 @@ class LevelResult(ApiModel):
     client_saturated: bool | None = Field(
         default=None, description="True when the client, not the server, limited the load."
     )
+    slo_verdict: Literal["Met", "Missed", "ClientLimited"] | None = Field(
+        default=None,
+        description="How the level counts toward the SLO: Met, Missed, or ClientLimited (the "
+        "load client's lag or shortfall could have decided it, so it counts neither way; a "
+        "client that only lagged, at a level that met the SLO from the schedule or missed it "
+        "even from the send, does not decide it).",
+    )
     buckets: list[BucketResult] = Field(
         default_factory=list, description="Breakdown by prompt-length bucket."
     )

@@ -467,12 +467,22 @@ def no_headline(
             return f"{lv.rate_per_second:g} req/s"
         return f"concurrency {lv.concurrency}" if lv.concurrency is not None else "the load"
 
-    limited = [lv for lv in levels if lv.client_saturated]
+    # Each level's own verdict where the load Job gave one (sloVerdict), else as it was
+    # judged before there was one: a saturated client decides its level.
+    limited = [
+        lv
+        for lv in levels
+        if lv.slo_verdict == "ClientLimited" or (lv.slo_verdict is None and lv.client_saturated)
+    ]
     missed = [
         lv
         for lv in levels
-        if not lv.client_saturated
-        and (lv.slo_attainment is None or lv.slo_attainment < target_attainment)
+        if lv.slo_verdict == "Missed"
+        or (
+            lv.slo_verdict is None
+            and not lv.client_saturated
+            and (lv.slo_attainment is None or lv.slo_attainment < target_attainment)
+        )
     ]
     if len(limited) == len(levels):
         lags = [lv.schedule_lag_p99_milliseconds for lv in limited]
