@@ -12,6 +12,7 @@ import pytest
 
 from tests.fakes import RecordingCluster
 from tests.specs import BASE, lock_job
+from vllm_operator.constants import LABEL_SERVICE
 from vllm_operator.reconcile.benchmark import reconcile_inference_benchmark
 from vllm_operator.reconcile.inference_service import reconcile_inference_service
 from vllm_operator.settings import OperatorSettings
@@ -650,3 +651,35 @@ async def test_a_noisy_neighbour_lands_beside_the_first_ready_server() -> None:
     # The neighbour is no scale-down lock: only the load Job is.
     assert "inference.vllm-operator.dev/scale-down-lock" not in job["metadata"]["labels"]
     assert job["spec"]["activeDeadlineSeconds"] == 3 * 30 * 2 + 600
+
+
+def _pod_on(name: str, node: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "team-a", "labels": labels},
+        "spec": {"nodeName": node},
+        "status": {"phase": "Running"},
+    }
+
+
+@pytest.mark.parametrize(("load_node", "shared"), [("n1", True), ("n2", False)])
+async def test_a_load_pod_beside_the_target_says_so_once(load_node: str, shared: bool) -> None:
+    """Issue 44: the load Job prefers a node without the target's pods; where it lands
+    beside one, the status says so (its lag there is partly the server's load)."""
+    api = RecordingCluster()
+    api.put(BENCH)
+    api.put(_target(ready=True))
+    await _run(api)
+    job = api.objects[("batch/v1", "Job", "team-a", "load-load")]
+    term = job["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ][0]["podAffinityTerm"]
+    assert term["labelSelector"] == {"matchLabels": {LABEL_SERVICE: "chat"}}
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    api.put(_pod_on("chat-abc", "n1", {LABEL_SERVICE: "chat"}))
+    api.put(_pod_on("load-load-x", load_node, {"batch.kubernetes.io/job-name": "load-load"}))
+    job["status"] = {"active": 1}
+    assert await _run(api) == "Running"
+    words = "The load ran on node n1 beside the target's pod chat-abc"
+    assert (words in _message(api)) is shared

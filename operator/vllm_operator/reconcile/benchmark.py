@@ -28,6 +28,8 @@ from vllm_operator.constants import (
     LABEL_BENCHMARK,
     LABEL_LOCK_TARGET,
     LABEL_SCALE_DOWN_LOCK,
+    LABEL_SERVICE,
+    LABEL_WARMUP_FOR,
 )
 from vllm_operator.k8s.api import ClusterAPI
 from vllm_operator.models import InferenceBenchmark, InferenceBenchmarkStatus, InferenceService
@@ -303,7 +305,8 @@ async def reconcile_inference_benchmark(
                 f"Job {name} sends no load yet: {problem.message} {lock}",
             )
         else:
-            reason, message = "LoadRunning", f"Job {name} is sending load; {lock}"
+            shared = await _beside_target(api, ns, bench, pods)
+            reason, message = "LoadRunning", f"Job {name} is sending load; {lock}{shared}"
         await _write(
             api,
             body,
@@ -318,6 +321,10 @@ async def reconcile_inference_benchmark(
         await api.delete("batch/v1", "Job", neighbour_job_name(bench), ns)
     report = await job_report(api, ns, job["metadata"]["name"])
     results = results_config_map_name(bench)
+    load_pods = await api.list(
+        "v1", "Pod", ns, label_selector=f"batch.kubernetes.io/job-name={job['metadata']['name']}"
+    )
+    shared = await _beside_target(api, ns, bench, load_pods)
     written = report.get("resultsConfigMap") == results
     failure = report.get("failure")
     if (
@@ -357,10 +364,13 @@ async def reconcile_inference_benchmark(
             status(
                 "Succeeded",
                 "Completed",
-                f"The benchmark ran to the end; its per-request data is in ConfigMap {results}."
-                if written
-                else f"The benchmark ran to the end, but the per-request data did not reach "
-                f"ConfigMap {results} (see the log of Job {job['metadata']['name']}).",
+                (
+                    f"The benchmark ran to the end; its per-request data is in ConfigMap {results}."
+                    if written
+                    else f"The benchmark ran to the end, but the per-request data did not reach "
+                    f"ConfigMap {results} (see the log of Job {job['metadata']['name']})."
+                )
+                + shared,
                 start_time=old.start_time or now,
                 completion_time=now,
                 levels=measured.levels,
@@ -390,7 +400,7 @@ async def reconcile_inference_benchmark(
             status(
                 "Succeeded",
                 reason,
-                f"The benchmark ran to the end without a headline level: {why}{data}",
+                f"The benchmark ran to the end without a headline level: {why}{data}{shared}",
                 start_time=old.start_time or now,
                 completion_time=now,
                 levels=measured.levels,
@@ -439,6 +449,33 @@ def serving_target_pods(pods: list[Manifest]) -> list[Manifest]:
             and p["metadata"].get("labels", {}).get(LWS_WORKER_INDEX, "0") == "0"
         ),
         key=lambda p: str(p["metadata"]["name"]),
+    )
+
+
+async def _beside_target(
+    api: ClusterAPI, ns: str, bench: InferenceBenchmark, load_pods: list[Manifest]
+) -> str:
+    """A sentence when the load pod runs on a node of the target's pods (its preferred
+    anti-affinity found no other), else "": said once in the status, not per level."""
+    nodes = {p.get("spec", {}).get("nodeName") for p in load_pods} - {None}
+    if not nodes:
+        return ""
+    target = await api.list(
+        "v1", "Pod", ns, label_selector=f"{LABEL_SERVICE}={bench.spec.target_ref.name}"
+    )
+    beside = sorted(
+        p["metadata"]["name"]
+        for p in target
+        if p.get("spec", {}).get("nodeName") in nodes
+        and LABEL_WARMUP_FOR not in (p["metadata"].get("labels") or {})
+    )
+    if not beside:
+        return ""
+    node = sorted(str(n) for n in nodes)[0]
+    pods = f"pod{'s' if len(beside) > 1 else ''} {', '.join(beside)}"
+    return (
+        f" The load ran on node {node} beside the target's {pods} (no other node could take "
+        "it): its schedule lag there is partly the server's load."
     )
 
 

@@ -25,6 +25,7 @@ from vllm_operator.constants import (
     LABEL_BENCHMARK,
     LABEL_LOCK_TARGET,
     LABEL_SCALE_DOWN_LOCK,
+    LABEL_SERVICE,
 )
 from vllm_operator.models import InferenceBenchmark
 from vllm_operator.models.base import Manifest
@@ -350,6 +351,23 @@ def build_load_job(
         {**labels, **lock},
         labels,
         {
+            # Its own CPU where the cluster has one: a load client on the target's node
+            # shares its cores, and lags its schedule with the server's load.
+            "affinity": {
+                "podAntiAffinity": {
+                    "preferredDuringSchedulingIgnoredDuringExecution": [
+                        {
+                            "weight": 100,
+                            "podAffinityTerm": {
+                                "labelSelector": {
+                                    "matchLabels": {LABEL_SERVICE: bench.spec.target_ref.name}
+                                },
+                                "topologyKey": "kubernetes.io/hostname",
+                            },
+                        }
+                    ]
+                }
+            },
             "containers": [container],
             "volumes": [
                 {"name": "spec", "configMap": {"name": spec_config_map_name(bench)}},
