@@ -12,7 +12,8 @@ import dataclasses
 
 import pytest
 
-from vllm_operator.bench.records import LevelRecording, Load, RequestRecord
+from tests.bench.test_stats import level
+from vllm_operator.bench.records import RequestRecord
 from vllm_operator.bench.result import judge, level_result, passed
 from vllm_operator.bench.search import RateSearch
 from vllm_operator.bench.stats import LevelStats, Slo, summarize
@@ -52,15 +53,7 @@ def _records(rate: float, *, lag: float, ttft: float, requests: int = 60) -> lis
 
 def _level(rate: float, *, lag: float, ttft: float | None = None) -> LevelStats:
     records = _records(rate, lag=lag, ttft=_ttft(rate) if ttft is None else ttft)
-    recording = LevelRecording(
-        load=Load(rate_per_second=rate),
-        records=tuple(records),
-        start=0.0,
-        end=max(r.end or 0.0 for r in records),
-        wall_start=0.0,
-        client_cpu_seconds=0.1,
-    )
-    return summarize(recording, slo=SLO)
+    return summarize(level(records, rate=rate), slo=SLO)
 
 
 @pytest.mark.parametrize(
@@ -97,19 +90,13 @@ def test_a_client_that_sends_too_few_requests_decides_its_level() -> None:
     """Late and short of its schedule: the load the server saw is not the one named, so
     even a level that met the objective is the client's."""
     stats = _level(4.0, lag=0.020)
-    recording = LevelRecording(
-        load=Load(rate_per_second=4.0),
-        records=tuple(
-            dataclasses.replace(r, sent=None, first_token=None, chunk_times=[], end=None)
-            if r.index % 4 == 3
-            else r
-            for r in _records(4.0, lag=0.020, ttft=0.060)
-        ),
-        start=0.0,
-        end=20.0,
-        wall_start=0.0,
-    )
-    short = summarize(recording, slo=SLO)
+    records = [
+        dataclasses.replace(r, sent=None, first_token=None, chunk_times=[], end=None)
+        if r.index % 4 == 3
+        else r
+        for r in _records(4.0, lag=0.020, ttft=0.060)
+    ]
+    short = summarize(level(records, rate=4.0), slo=SLO)
     assert stats.client_lag_only and not short.client_lag_only
     assert short.client_saturated and short.unsent == 15
     assert judge(short) == "client"

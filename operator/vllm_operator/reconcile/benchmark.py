@@ -325,6 +325,24 @@ async def reconcile_inference_benchmark(
         "v1", "Pod", ns, label_selector=f"batch.kubernetes.io/job-name={job['metadata']['name']}"
     )
     shared = await _beside_target(api, ns, bench, load_pods)
+
+    def final(phase: str, reason: str, message: str) -> InferenceBenchmarkStatus:
+        """The final status, with everything the Job's report measured."""
+        measured = _measured(report)
+        return status(
+            phase,
+            reason,
+            message,
+            start_time=old.start_time or now,
+            completion_time=now,
+            levels=measured.levels,
+            headline=measured.headline,
+            knee_rate_per_second=measured.knee_rate_per_second,
+            chaos=measured.chaos,
+            chaos_note=measured.chaos_note,
+            results_config_map=results if written else None,
+        )
+
     written = report.get("resultsConfigMap") == results
     failure = report.get("failure")
     if (
@@ -334,34 +352,24 @@ async def reconcile_inference_benchmark(
     ):
         # The load ran to the end, but too many of its requests errored: a record of what
         # it measured, failed with the Job's reason.
-        measured = _measured(report)
         why = failure.get("message") or "too many requests errored"
         await _write(
             api,
             body,
             bench,
-            status(
+            final(
                 "Failed",
                 REASON_TOO_MANY_REQUEST_ERRORS,
                 f"Job {job['metadata']['name']} failed: {why}",
-                start_time=old.start_time or now,
-                completion_time=now,
-                levels=measured.levels,
-                headline=measured.headline,
-                knee_rate_per_second=measured.knee_rate_per_second,
-                chaos=measured.chaos,
-                chaos_note=measured.chaos_note,
-                results_config_map=results if written else None,
             ),
         )
         return "Failed"
     if state == "Succeeded" and "headline" in report:
-        measured = _measured(report)
         await _write(
             api,
             body,
             bench,
-            status(
+            final(
                 "Succeeded",
                 "Completed",
                 (
@@ -371,14 +379,6 @@ async def reconcile_inference_benchmark(
                     f"ConfigMap {results} (see the log of Job {job['metadata']['name']})."
                 )
                 + shared,
-                start_time=old.start_time or now,
-                completion_time=now,
-                levels=measured.levels,
-                headline=measured.headline,
-                knee_rate_per_second=measured.knee_rate_per_second,
-                chaos=measured.chaos,
-                chaos_note=measured.chaos_note,
-                results_config_map=results if written else None,
             ),
         )
         return "Succeeded"
@@ -386,8 +386,7 @@ async def reconcile_inference_benchmark(
         # The load ran to the end and exited 0, but no level is the headline: say why,
         # with every level and chaos phase it measured (issue 44: this read "the load Job
         # failed" with the levels dropped).
-        measured = _measured(report)
-        reason, why = no_headline(measured, bench.spec.target_attainment(), report)
+        reason, why = no_headline(_measured(report), bench.spec.target_attainment(), report)
         data = (
             f" Its per-request data is in ConfigMap {results}."
             if written
@@ -397,17 +396,10 @@ async def reconcile_inference_benchmark(
             api,
             body,
             bench,
-            status(
+            final(
                 "Succeeded",
                 reason,
                 f"The benchmark ran to the end without a headline level: {why}{data}{shared}",
-                start_time=old.start_time or now,
-                completion_time=now,
-                levels=measured.levels,
-                knee_rate_per_second=measured.knee_rate_per_second,
-                chaos=measured.chaos,
-                chaos_note=measured.chaos_note,
-                results_config_map=results if written else None,
             ),
         )
         return "Succeeded"
