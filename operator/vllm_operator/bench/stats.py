@@ -31,6 +31,9 @@ The verdict comes with the numbers: how far behind the schedule it fell (the lar
 and whether due requests waited because every connection of the client's cap was busy. A
 busy machine (other processes taking the cores) makes the client late too; the verdict
 then says so, rightly: the load offered was not the load scheduled.
+Whether a level with such a client still counts toward the SLO is decided apart
+(``bench.result.judge``): a client that only lagged, at a level that met the SLO from the
+schedule or missed it even from the send, does not decide it.
 
 **Errors.** A request *errored* when it got no answer for a reason other than a deadline
 (refused or lost connections, HTTP errors, timeouts, still running when the level ended)
