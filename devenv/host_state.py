@@ -32,12 +32,11 @@ PROCESSES = frozenset(
     name[:15]
     for name in (
         *components.COMPONENTS,
-        "kubelet",
-        "kube-proxy",
-        "containerd",
-        "containerd-shim-runc-v2",
-        "coredns",
+        *node.COMPONENTS,
+        # What those start under other names: the apiserver proxy is a socat, containerd
+        # runs a shim per pod; and the LWS controller of the multi-node tests.
         "socat",
+        "containerd-shim-runc-v2",
         "lws-controller",
     )
 )
