@@ -731,7 +731,6 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         RunInputs,
         RunOptions,
         run_benchmark,
-        target_attainment,
     )
     from vllm_operator.bench.workload import parse_dataset, parse_trace
     from vllm_operator.models.inference_benchmark import (
@@ -843,7 +842,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         return EXIT_ERRORS
     if args.fail_on_slo:
         head = result.headline
-        if head is None or not passed(head.stats, target_attainment(spec)):
+        if head is None or not passed(head.stats, spec.target_attainment()):
             return EXIT_SLO
     return EXIT_OK
 

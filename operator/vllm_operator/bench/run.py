@@ -160,10 +160,6 @@ def slo_of(spec: InferenceBenchmarkSpec) -> Slo:
     )
 
 
-def target_attainment(spec: InferenceBenchmarkSpec) -> float:
-    return spec.target_attainment()
-
-
 def schedule_for(spec: InferenceBenchmarkSpec, load: Load, inputs: RunInputs) -> arrivals.Schedule:
     """The arrival schedule of one level (seeded by the spec's seed and the load)."""
     count, duration = spec.requests, spec.duration_seconds
@@ -353,7 +349,7 @@ async def run_benchmark(
     )
     slo = slo_of(spec)
     deadlines = Deadlines(ttft_s=slo.ttft_s, tpot_s=slo.tpot_s, e2e_s=slo.e2e_s)
-    attainment = target_attainment(spec)
+    attainment = spec.target_attainment()
     prompts = _Prompts(spec, inputs, tokenizer, options.default_output_tokens)
     edges = bucket_edges(spec.workload.prompt_tokens)
     started = datetime.now(UTC)

@@ -277,18 +277,7 @@ def summarize(
         for r in records
         if r.sent is None or (r.error is not None and r.error not in DEADLINE_KINDS)
     )
-    lag_only = (
-        lag is not None
-        and lag.p99 > lag_limit_s
-        and not unsent
-        and not (recording.requests_at_connection_cap or 0)
-        and not (
-            send_rate is not None
-            and scheduled_rate
-            and send_rate < SEND_RATE_FLOOR * scheduled_rate
-        )
-    )
-    saturated, verdict = _verdict(
+    saturated, lag_only, verdict = _verdict(
         lag,
         lag_limit_s,
         send_rate,
@@ -322,7 +311,7 @@ def summarize(
             if records
             else None
         ),
-        client_lag_only=saturated and lag_only,
+        client_lag_only=lag_only,
         from_send=_latencies(records, from_scheduled=False),
         from_scheduled=_latencies(records, from_scheduled=True),
         schedule_lag=lag,
@@ -368,11 +357,13 @@ def _verdict(
     unsent: int,
     max_connections: int | None = None,
     at_connection_cap: int = 0,
-) -> tuple[bool, str]:
+) -> tuple[bool, bool, str]:
+    """(the client was the bottleneck, its schedule lag was its only fault, the verdict)."""
     if lag is None:
-        return False, "no request was sent" + (f" ({unsent} scheduled)" if unsent else "")
+        return False, False, "no request was sent" + (f" ({unsent} scheduled)" if unsent else "")
     reasons = []
-    if lag.p99 > limit:
+    lagged = lag.p99 > limit
+    if lagged:
         reasons.append(f"schedule lag P99 {lag.p99 * 1e3:.3g} ms > {limit * 1e3:.3g} ms")
     if send_rate is not None and scheduled_rate and send_rate < SEND_RATE_FLOOR * scheduled_rate:
         reasons.append(
@@ -388,14 +379,18 @@ def _verdict(
         )
     if reasons:
         cap = f" (in-flight cap {max_in_flight})" if max_in_flight is not None else ""
-        return True, (
-            "client was the bottleneck"
-            + cap
-            + ": "
-            + "; ".join(reasons)
-            + "; latency from the scheduled time includes the client's queueing"
+        return (
+            True,
+            lagged and len(reasons) == 1,
+            (
+                "client was the bottleneck"
+                + cap
+                + ": "
+                + "; ".join(reasons)
+                + "; latency from the scheduled time includes the client's queueing"
+            ),
         )
-    return False, f"client kept up: schedule lag P99 {lag.p99 * 1e3:.3g} ms"
+    return False, False, f"client kept up: schedule lag P99 {lag.p99 * 1e3:.3g} ms"
 
 
 def _seconds(value: float) -> str:

@@ -321,14 +321,10 @@ async def reconcile_inference_benchmark(
         await api.delete("batch/v1", "Job", neighbour_job_name(bench), ns)
     report = await job_report(api, ns, job["metadata"]["name"])
     results = results_config_map_name(bench)
-    load_pods = await api.list(
-        "v1", "Pod", ns, label_selector=f"batch.kubernetes.io/job-name={job['metadata']['name']}"
-    )
-    shared = await _beside_target(api, ns, bench, load_pods)
+    measured = _measured(report)
 
     def final(phase: str, reason: str, message: str) -> InferenceBenchmarkStatus:
         """The final status, with everything the Job's report measured."""
-        measured = _measured(report)
         return status(
             phase,
             reason,
@@ -364,44 +360,36 @@ async def reconcile_inference_benchmark(
             ),
         )
         return "Failed"
-    if state == "Succeeded" and "headline" in report:
-        await _write(
-            api,
-            body,
-            bench,
-            final(
-                "Succeeded",
+    if state == "Succeeded":
+        load_pods = await api.list(
+            "v1",
+            "Pod",
+            ns,
+            label_selector=f"batch.kubernetes.io/job-name={job['metadata']['name']}",
+        )
+        shared = await _beside_target(api, ns, bench, load_pods)
+        if "headline" in report:
+            reason, message = (
                 "Completed",
                 (
                     f"The benchmark ran to the end; its per-request data is in ConfigMap {results}."
                     if written
                     else f"The benchmark ran to the end, but the per-request data did not reach "
                     f"ConfigMap {results} (see the log of Job {job['metadata']['name']})."
-                )
-                + shared,
-            ),
-        )
-        return "Succeeded"
-    if state == "Succeeded":
-        # The load ran to the end and exited 0, but no level is the headline: say why,
-        # with every level and chaos phase it measured (issue 44: this read "the load Job
-        # failed" with the levels dropped).
-        reason, why = no_headline(_measured(report), bench.spec.target_attainment(), report)
-        data = (
-            f" Its per-request data is in ConfigMap {results}."
-            if written
-            else f" The per-request data did not reach ConfigMap {results}."
-        )
-        await _write(
-            api,
-            body,
-            bench,
-            final(
-                "Succeeded",
-                reason,
-                f"The benchmark ran to the end without a headline level: {why}{data}{shared}",
-            ),
-        )
+                ),
+            )
+        else:
+            # The load ran to the end and exited 0, but no level is the headline: say why,
+            # with every level and chaos phase it measured (issue 44: this read "the load
+            # Job failed" with the levels dropped).
+            reason, why = no_headline(measured, bench.spec.target_attainment(), report)
+            data = (
+                f" Its per-request data is in ConfigMap {results}."
+                if written
+                else f" The per-request data did not reach ConfigMap {results}."
+            )
+            message = f"The benchmark ran to the end without a headline level: {why}{data}"
+        await _write(api, body, bench, final("Succeeded", reason, message + shared))
         return "Succeeded"
     why = report.get("message") or "the load Job failed"
     await _write(
