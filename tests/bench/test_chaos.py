@@ -231,6 +231,9 @@ def test_the_termination_message_keeps_the_chaos_verdict_when_space_runs_out() -
     assert kept["chaos"][0]["verdict"] == "TTFT P99 10 -> 70 ms: the SLO did not hold"
     assert kept["chaos"][0]["perturbed"]["sloAttainment"] == 1.0
     assert "buckets" not in kept["chaos"][0]["baseline"]
+    # Slimmed, a phase keeps the median it is compared by.
+    assert "note" not in kept["chaos"][0]["perturbed"]
+    assert kept["chaos"][0]["perturbed"]["fromSend"] == {"ttft": {"p50": 1.0}}
 
 
 def test_a_chaos_spec_round_trips_in_the_api_shape() -> None:

@@ -445,4 +445,9 @@ def test_a_sweep_too_large_for_the_message_keeps_every_level_slimmed() -> None:
     assert kept["levels"][0]["fromScheduled"] == {"ttft": {"p99": 59.0}, "e2e": {"p99": 420.0}}
     assert kept["levels"][0]["clientSaturated"] is True
     assert len(kept["chaos"]) == 3
+    # The chaos phases keep the medians and tails the verdict compares (CI of d499962: the
+    # CPU pinning e2e read the phases' TTFT from the send, and it was gone).
+    phase = kept["chaos"][0]["perturbed"]
+    assert phase["fromSend"]["ttft"] == {"p50": 20.0, "p99": 40.0}
+    assert phase["fromScheduled"]["ttft"]["p90"] == 50.0
     InferenceBenchmarkStatus.model_validate(kept)

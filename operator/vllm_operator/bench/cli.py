@@ -549,7 +549,7 @@ def read_spec(path: Path) -> dict[str, Any]:
 def compact_status(status: dict[str, Any], limit: int = TERMINATION_MESSAGE_LIMIT) -> str:
     """The status as JSON within ``limit`` bytes, dropping detail until it fits: first the
     per-bucket breakdowns (the chaos runs never keep theirs), then all but the key numbers
-    of each level, of the headline and of the chaos runs, then the levels."""
+    of each level, of the headline and then of the chaos runs, then the levels."""
     levels = status.get("levels", [])
 
     def unbucketed(level: Any) -> Any:
@@ -570,8 +570,14 @@ def compact_status(status: dict[str, Any], limit: int = TERMINATION_MESSAGE_LIMI
                 for c in chaos
             ],
         }
+    # A chaos phase keeps its latency percentiles from the send too: the verdict and
+    # `kubectl get -o yaml` compare the two phases' medians and tails.
     slim_chaos = [
-        {**c, "baseline": _slim(c.get("baseline")), "perturbed": _slim(c.get("perturbed"))}
+        {
+            **c,
+            "baseline": _slim(c.get("baseline"), phase=True),
+            "perturbed": _slim(c.get("perturbed"), phase=True),
+        }
         for c in chaos
     ]
     candidates = [
@@ -580,6 +586,11 @@ def compact_status(status: dict[str, Any], limit: int = TERMINATION_MESSAGE_LIMI
         # Every level kept, with its key numbers only: a sweep's levels are what tell a
         # run without a headline from one that measured nothing.
         {**status, "levels": [_slim(lv) for lv in levels]},
+        {
+            **status,
+            "levels": [_slim(lv) for lv in levels],
+            "headline": _slim(status.get("headline")),
+        },
         {
             **status,
             "levels": [_slim(lv) for lv in levels],
@@ -605,7 +616,10 @@ def compact_status(status: dict[str, Any], limit: int = TERMINATION_MESSAGE_LIMI
     return json.dumps(last, separators=(",", ":"))
 
 
-def _slim(level: Any) -> Any:
+def _slim(level: Any, *, phase: bool = False) -> Any:
+    """A level's key numbers: counts, attainment, the client's lag and verdict, and the
+    TTFT and E2E P99s from the scheduled send; a chaos ``phase`` keeps the P50, P90 and
+    P99 of both TTFT and E2E, from the send and from the schedule."""
     if not isinstance(level, dict):
         return level
     keep = ("ratePerSecond", "concurrency", "requests", "succeeded", "failed",
@@ -613,15 +627,19 @@ def _slim(level: Any) -> Any:
             "unsent", "errored", "clientSaturated", "sloVerdict")  # fmt: skip
     slim = {k: level[k] for k in keep if k in level}
     # The P99s from the scheduled send: the TTFT column of `kubectl get` and the verdicts.
-    scheduled = level.get("fromScheduled")
-    if isinstance(scheduled, dict):
-        p99s = {
-            name: {"p99": value["p99"]}
-            for name, value in scheduled.items()
-            if name in ("ttft", "e2e") and isinstance(value, dict) and "p99" in value
+    wanted = ("p50", "p90", "p99") if phase else ("p99",)
+    for source in ("fromScheduled", "fromSend") if phase else ("fromScheduled",):
+        latencies = level.get(source)
+        if not isinstance(latencies, dict):
+            continue
+        kept = {
+            name: {p: value[p] for p in wanted if p in value}
+            for name, value in latencies.items()
+            if name in ("ttft", "e2e") and isinstance(value, dict)
         }
-        if p99s:
-            slim["fromScheduled"] = p99s
+        kept = {name: value for name, value in kept.items() if value}
+        if kept:
+            slim[source] = kept
     return slim
 
 
