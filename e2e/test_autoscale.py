@@ -195,6 +195,18 @@ def _replicas(cluster: ClusterHandle, ns: str, name: str) -> Any:
     return (_get(cluster, ns, "vis", name) or {}).get("spec", {}).get("replicas")
 
 
+def _events_and_log(cluster: ClusterHandle, ns: str, operator: ChartOperator) -> str:
+    """What a missing event is judged by: the namespace's events and the operator's lines
+    on scaling and on events."""
+    events = _get(cluster, ns, "events") or {"items": []}
+    listed = "; ".join(f"{e.get('reason')}: {e.get('message')}" for e in events["items"])
+    log = cluster.kubectl(
+        "logs", "-n", operator.namespace, operator.pod["metadata"]["name"], check=False
+    ).stdout
+    lines = [line for line in log.splitlines() if "utoscal" in line or "event" in line.lower()]
+    return f"events: {listed or 'none'}; operator: " + " | ".join(lines[-20:])
+
+
 def _server_load(pod: dict[str, Any]) -> str:
     """What the pod's vLLM itself says it runs and queues now, read by the test, beside
     what the operator read (the timeline)."""
@@ -286,8 +298,16 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
         assert isvc["spec"]["replicas"] == 2  # the limit
         auto = isvc["status"]["autoscaling"]
         assert auto["mode"] == "Operator" and auto["metric"] == "RequestsRunning"
-        events = _get(cluster, ns, "events", "--field-selector", "reason=ScaledUp") or {"items": []}
-        assert events["items"], "no ScaledUp event"
+        # A read of the events can fail on the loaded machine: read again before judging.
+        try:
+            wait_for(
+                lambda: (_get(cluster, ns, "events", "--field-selector", "reason=ScaledUp")
+                         or {}).get("items"),
+                "a ScaledUp event",
+                timeout=30,
+            )  # fmt: skip
+        except AssertionError as err:
+            raise AssertionError(f"{err}; {_events_and_log(cluster, ns, chart_operator)}") from None
         second = next(p for p in _pods(cluster, ns, "auto") if p["metadata"]["name"] !=
                       first["metadata"]["name"])  # fmt: skip
 

@@ -124,3 +124,35 @@ async def test_a_refusal_carries_the_reasons_of_its_causes() -> None:
         await kube.close()
         server.close()
     assert caught.value.namespace_terminating and not caught.value.transient
+
+
+async def test_an_event_the_apiserver_refused_while_busy_is_posted_again() -> None:
+    """CI of d499962: the autoscaler scaled up and no ScaledUp event was on record."""
+    answers = [
+        _http(503, {"kind": "Status", "code": 503, "reason": "ServiceUnavailable"}),
+        _http(429, {"kind": "Status", "code": 429, "reason": "TooManyRequests"}),
+        _http(201, {"kind": "Event", "metadata": {"name": "auto.1"}}),
+    ]
+    posted: list[bytes] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":")[1]) for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length")
+        )  # fmt: skip
+        posted.append(await reader.readexactly(length))
+        writer.write(answers.pop(0))
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    kube = _kube(server.sockets[0].getsockname()[1], timeout=DEADLINE_S)
+    involved = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "auto", "namespace": "t"}}
+    try:
+        await asyncio.wait_for(kube.event(involved, reason="ScaledUp", message="m"), DEADLINE_S)
+    finally:
+        await kube.close()
+        server.close()
+    assert answers == [] and len(posted) == 3
+    assert {json.loads(body)["reason"] for body in posted} == {"ScaledUp"}

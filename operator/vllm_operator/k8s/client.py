@@ -13,6 +13,7 @@ its worker, for good (issue 15, item 2).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -36,6 +37,8 @@ _OBJECT: Final = {200: "object", 201: "object"}
 # the whole request timeout.
 CONNECT_TIMEOUT_SECONDS: Final = 5.0
 DEFAULT_TIMEOUT_SECONDS: Final = 30.0
+# The pauses between the tries of an event's POST that failed transiently.
+EVENT_RETRY_DELAYS_S: Final = (0.5, 2.0)
 
 
 def request_timeout(seconds: float) -> aiohttp.ClientTimeout:
@@ -257,12 +260,22 @@ class KubeClient:
             "lastTimestamp": now,
             "count": 1,
         }
-        try:
-            await self._call("POST", resource_for("v1", "Event").path(namespace), body=body)
-        except ApiError as err:
-            # An event is a courtesy; failing to record one must not fail the reconcile.
-            # In a namespace being deleted, nothing can be recorded and nothing needs to be.
-            (log.debug if err.namespace_terminating else log.warning)(
-                "Recording event %s on %s/%s failed: %s.", reason, namespace, meta["name"], err,
-                extra={"reason": reason, "error": str(err)},
-            )  # fmt: skip
+        path = resource_for("v1", "Event").path(namespace)
+        # A busy apiserver's 429, 5xx or timeout loses no event a user reads a decision by
+        # (ScaledUp): a few quick tries, without holding the reconcile up for long.
+        for delay in (*EVENT_RETRY_DELAYS_S, None):
+            try:
+                await self._call("POST", path, body=body)
+                return
+            except ApiError as err:
+                if err.transient and delay is not None:
+                    await asyncio.sleep(delay)
+                    continue
+                # An event is a courtesy; failing to record one must not fail the
+                # reconcile. In a namespace being deleted, nothing can be recorded and
+                # nothing needs to be.
+                (log.debug if err.namespace_terminating else log.warning)(
+                    "Recording event %s on %s/%s failed: %s.", reason, namespace, meta["name"],
+                    err, extra={"reason": reason, "error": str(err)},
+                )  # fmt: skip
+                return
