@@ -6,9 +6,10 @@ the operator renders (a flag this version lacks fails with its message and exit 
 only what one CPU cannot honour is changed, and the server drains on SIGTERM for the
 rendered ``--shutdown-timeout``.
 
-The pure rewrite (``adapt``) is tested without vLLM; everything else runs the script as a
-subprocess with the CPU vLLM's python (``VLLM_CPU_SERVE_CHECK=1``: parse, adapt, print the
-final command, start nothing), and one test starts a real server through the shell shim.
+The pure rewrite (``adapt``) is tested without vLLM; everything else runs the script with the
+CPU vLLM's python (``VLLM_CPU_SERVE_CHECK=1``: parse, adapt, print the final command, start
+nothing), most runs in one shared process and a few each in its own, and one test starts a
+real server through the shell shim.
 """
 
 from __future__ import annotations
@@ -204,6 +205,52 @@ def _run(
     )
 
 
+# The check runs of this module, made in one process of the CPU vLLM's python: importing
+# vLLM and building its parser takes ~8 s a process on this machine, the check itself well
+# under one. Each run starts from the environment and sys.argv it was given; the script
+# imports vLLM's modules once, as a pod's one process does.
+_MANY = """
+import contextlib, importlib.util, io, json, os, sys
+spec = importlib.util.spec_from_file_location("vllm_serve", sys.argv[1])
+serve = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(serve)
+base, argv = dict(os.environ), list(sys.argv)
+results = {}
+for key, (args, env) in json.loads(open(sys.argv[2]).read()).items():
+    os.environ.clear()
+    os.environ.update({**base, **env})
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = serve.main(args)
+        except SystemExit as exit:
+            code = exit.code if isinstance(exit.code, int) else int(exit.code is not None)
+    sys.argv = list(argv)
+    results[key] = [code, out.getvalue(), err.getvalue()]
+open(sys.argv[3], "w").write(json.dumps(results))
+"""
+
+
+def _run_many(
+    python: Path, runs: Mapping[str, tuple[list[str], Mapping[str, str]]], tmp: Path
+) -> dict[str, subprocess.CompletedProcess[str]]:
+    """Each of ``runs`` (its arguments and extra environment) as ``_run`` makes it, check
+    mode on, in one process; a run's stdout and stderr are its own."""
+    cases, results = tmp / "runs.json", tmp / "results.json"
+    checked = {key: [args, {serve.CHECK_ENV: "1", **env}] for key, (args, env) in runs.items()}
+    cases.write_text(json.dumps(checked))
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_CPU_")}
+    done = subprocess.run(
+        [str(python), "-c", _MANY, str(SCRIPT), str(cases), str(results)],
+        capture_output=True, text=True, env=clean, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {
+        key: subprocess.CompletedProcess([key], code, out, err)
+        for key, (code, out, err) in json.loads(results.read_text()).items()
+    }
+
+
 def _checked(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     assert done.returncode == 0, done.stderr[-3000:]
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
@@ -286,6 +333,39 @@ def _rendered_args(spec: dict[str, Any]) -> list[str]:
 RENDERED = _golden_args() + [
     pytest.param(_rendered_args(spec), id=name) for name, spec in EXTRA_SPECS.items()
 ]
+BAD_VALUES = [
+    pytest.param(
+        ["--tensor-parallel-size", "two"],
+        "argument --tensor-parallel-size/-tp: invalid int value: 'two'",
+        id="a word for a number",
+    ),
+    pytest.param(
+        ["--kv-cache-dtype", "fp9"],
+        "argument --kv-cache-dtype: invalid choice: 'fp9'",
+        id="a value outside the choices",
+    ),
+]
+ADAPTED = ["m", "-tp", "2", "--pipeline-parallel-size", "2",
+           "--distributed-executor-backend", "mp", "--enable-expert-parallel",
+           "--kv-cache-dtype", "fp8", "--gpu-memory-utilization", "0.9",
+           "--shutdown-timeout", "60"]  # fmt: skip
+ONE_GPU = _rendered_args({"gpu": {"count": 1}})
+# Every check-mode run of the tests below, by name: made together (_run_many).
+RUNS: dict[str, tuple[list[str], dict[str, str]]] = {
+    **{f"rendered {p.id}": (["serve", *p.values[0]], {}) for p in RENDERED},
+    **{f"bad {p.id}": (["serve", "m", *p.values[0]], {}) for p in BAD_VALUES},
+    "fast start off": (["serve", *ONE_GPU], {"VLLM_CPU_FAST_START": "0"}),
+    "unknown flag": (["serve", "m", "--no-such-flag"], {}),
+    "adapted": (["serve", *ADAPTED], {"VLLM_CPU_MEMORY_UTILIZATION": "0.25"}),
+    "abbreviated": (["serve", "m", "--tensor-parallel", "2"], {}),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(
+    vllm_python: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, subprocess.CompletedProcess[str]]:
+    return _run_many(vllm_python, RUNS, tmp_path_factory.mktemp("serve-checks"))
 
 
 def test_the_rendered_cases_cover_every_golden_file() -> None:
@@ -303,8 +383,12 @@ def test_the_rendered_cases_cover_every_golden_file() -> None:
 
 @pytest.mark.vllm
 @pytest.mark.parametrize("args", RENDERED)
-def test_vllm_accepts_what_the_operator_renders(vllm_python: Path, args: list[str]) -> None:
-    result = _checked(_run(vllm_python, "serve", *args))
+def test_vllm_accepts_what_the_operator_renders(
+    runs: dict[str, subprocess.CompletedProcess[str]],
+    args: list[str],
+    request: pytest.FixtureRequest,
+) -> None:
+    result = _checked(runs[f"rendered {request.node.callspec.id}"])
     adapted, _ = serve.adapt(args, fast_start=True)  # the image's default
     assert result == {
         "command": ["vllm", "serve", *adapted],
@@ -314,53 +398,59 @@ def test_vllm_accepts_what_the_operator_renders(vllm_python: Path, args: list[st
 
 @pytest.mark.vllm
 def test_fast_start_off_keeps_the_rendered_mode(vllm_python: Path) -> None:
-    args = _rendered_args({"gpu": {"count": 1}})
-    assert "--no-enforce-eager" in args
-    kept = _checked(_run(vllm_python, "serve", *args, env={"VLLM_CPU_FAST_START": "0"}))
-    assert kept["command"] == ["vllm", "serve", *serve.adapt(args)[0]]
+    """In a process of its own, as a pod runs it (the runs above share one)."""
+    assert "--no-enforce-eager" in ONE_GPU
+    kept = _checked(_run(vllm_python, "serve", *ONE_GPU, env={"VLLM_CPU_FAST_START": "0"}))
+    assert kept["command"] == ["vllm", "serve", *serve.adapt(ONE_GPU)[0]]
     assert "--enforce-eager" not in kept["command"]
 
 
 @pytest.mark.vllm
-def test_an_unknown_flag_fails_as_vllm_serve_does(vllm_python: Path) -> None:
-    done = _run(vllm_python, "serve", "m", "--no-such-flag")
+def test_one_process_judges_a_run_as_a_process_of_its_own_does(
+    runs: dict[str, subprocess.CompletedProcess[str]], vllm_python: Path
+) -> None:
+    """What the shared process answers is what separate processes answer: one that
+    passes and one that fails, each also run alone."""
+    for name in ("fast start off", "abbreviated"):
+        args, env = RUNS[name]
+        alone = _run(vllm_python, *args, env=env)
+        shared = runs[name]
+        assert (shared.returncode, shared.stdout) == (alone.returncode, alone.stdout), name
+        ours = [line for line in alone.stderr.splitlines() if line.startswith("vllm-cpu-serve")]
+        assert ours == [line for line in shared.stderr.splitlines()
+                        if line.startswith("vllm-cpu-serve")], name  # fmt: skip
+
+
+@pytest.mark.vllm
+def test_an_unknown_flag_fails_as_vllm_serve_does(
+    runs: dict[str, subprocess.CompletedProcess[str]],
+) -> None:
+    done = runs["unknown flag"]
     assert done.returncode == 2
     assert "error: unrecognized arguments: --no-such-flag" in done.stderr
     assert done.stdout == ""
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        pytest.param(
-            ["--tensor-parallel-size", "two"],
-            "argument --tensor-parallel-size/-tp: invalid int value: 'two'",
-            id="a word for a number",
-        ),
-        pytest.param(
-            ["--kv-cache-dtype", "fp9"],
-            "argument --kv-cache-dtype: invalid choice: 'fp9'",
-            id="a value outside the choices",
-        ),
-    ],
-)
+@pytest.mark.parametrize(("args", "message"), BAD_VALUES)
 def test_a_bad_value_fails_with_vllms_message(
-    vllm_python: Path, args: list[str], message: str
+    runs: dict[str, subprocess.CompletedProcess[str]],
+    args: list[str],
+    message: str,
+    request: pytest.FixtureRequest,
 ) -> None:
-    done = _run(vllm_python, "serve", "m", *args)
+    done = runs[f"bad {request.node.callspec.id}"]
+    assert RUNS[f"bad {request.node.callspec.id}"][0][2:] == args
     assert done.returncode == 2
     assert "usage: vllm serve" in done.stderr
     assert message in done.stderr
 
 
 @pytest.mark.vllm
-def test_the_adaptations_are_made_and_logged(vllm_python: Path) -> None:
-    args = ["m", "-tp", "2", "--pipeline-parallel-size", "2"]
-    args += ["--distributed-executor-backend", "mp", "--enable-expert-parallel"]
-    args += ["--kv-cache-dtype", "fp8", "--gpu-memory-utilization", "0.9"]
-    args += ["--shutdown-timeout", "60"]
-    done = _run(vllm_python, "serve", *args, env={"VLLM_CPU_MEMORY_UTILIZATION": "0.25"})
+def test_the_adaptations_are_made_and_logged(
+    runs: dict[str, subprocess.CompletedProcess[str]],
+) -> None:
+    done = runs["adapted"]
     result = _checked(done)
     assert result["command"] == [
         "vllm", "serve", "m",
@@ -382,9 +472,11 @@ def test_the_adaptations_are_made_and_logged(vllm_python: Path) -> None:
 
 
 @pytest.mark.vllm
-def test_an_abbreviated_flag_that_escapes_the_rewrite_is_refused(vllm_python: Path) -> None:
+def test_an_abbreviated_flag_that_escapes_the_rewrite_is_refused(
+    runs: dict[str, subprocess.CompletedProcess[str]],
+) -> None:
     # argparse takes --tensor-parallel for --tensor-parallel-size; the rewrite does not.
-    done = _run(vllm_python, "serve", "m", "--tensor-parallel", "2")
+    done = runs["abbreviated"]
     assert done.returncode == 2
     assert "could not adapt tensor_parallel_size=2" in done.stderr
 
