@@ -16,7 +16,8 @@ from devenv.cluster.cluster import ClusterHandle
 
 REPO = Path(__file__).parents[1]
 GROUP = "inference.vllm-operator.dev"
-EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+EXAMPLES = sorted((REPO / "examples").rglob("*.yaml"))
+EXAMPLE_IDS = [str(p.relative_to(REPO / "examples")) for p in EXAMPLES]
 CASES = invalid_cases()
 
 
@@ -32,7 +33,9 @@ def test_the_crds_are_established(crds: ClusterHandle) -> None:
     ]
 
 
-@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+@pytest.mark.parametrize(
+    "path", EXAMPLES, ids=[str(p.relative_to(REPO / "examples")) for p in EXAMPLES]
+)
 def test_every_example_is_accepted(crds: ClusterHandle, namespace: str, path: Path) -> None:
     crds.kubectl("apply", "-n", namespace, "-f", str(path))
     for doc in yaml.safe_load_all(path.read_text()):

@@ -367,6 +367,92 @@ def test_a_benchmark_reads_its_dataset_and_leaves_every_request_in_its_results_c
     assert "Latency against resources" in page
 
 
+DEV_EXAMPLES = REPO / "examples" / "dev"
+
+
+def _run_dev_example(cluster: ClusterHandle, ns: str, file: str) -> dict[str, Any]:
+    """Apply an example of examples/dev/ beside the sample; the benchmark's status once it
+    has ended."""
+    path = DEV_EXAMPLES / file
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    (name,) = [d["metadata"]["name"] for d in docs if d["kind"] == "InferenceBenchmark"]
+    cluster.kubectl("apply", "-n", ns, "-f", str(path))
+    wait_until(
+        f"benchmark {name} to end",
+        lambda: _bench_status(cluster, ns, name).get("phase") in ("Succeeded", "Failed"),
+        400,
+    )
+    status = _bench_status(cluster, ns, name)
+    levels = status.get("levels") or []
+    top = (status.get("headline") or {}).get("ratePerSecond")
+    print(
+        f"{file}: {status.get('phase')}, reason {_ready_reason(status)}, knee "
+        f"{status.get('kneeRatePerSecond')}, headline at {top}"
+    )
+    for lv in levels:
+        print(
+            f"  {lv.get('ratePerSecond') or lv.get('concurrency')}: {lv.get('sloVerdict')}, "
+            f"attainment {lv.get('sloAttainment')}, TTFT P99 "
+            f"{(lv.get('fromScheduled') or {}).get('ttft', {}).get('p99')} ms, lag P99 "
+            f"{lv.get('scheduleLagP99Milliseconds')} ms, errors {lv.get('errored', 0)}"
+        )
+    for entry in status.get("chaos") or []:
+        print(f"  {entry['perturbation']} | {entry['verdict']}")
+    assert status["phase"] == "Succeeded", status
+    return status
+
+
+@pytest.mark.parametrize(
+    "file",
+    ["inferencebenchmark.yaml", "inferencebenchmark-dataset.yaml",
+     "inferencebenchmark-search.yaml"],
+)  # fmt: skip
+def test_the_dev_examples_run_to_succeeded_against_the_sample(
+    cluster: ClusterHandle, served: str, file: str
+) -> None:
+    """Issue 44: each example benchmark, in the variant examples/dev/ holds for `make dev`'s
+    cluster, ends Succeeded against the sample, its requests answered."""
+    status = _run_dev_example(cluster, served, file)
+    headline = status.get("headline") or {}
+    assert headline.get("requests", 0) > 0, status
+    assert headline.get("errored", 0) == 0, headline
+    if file.endswith("-search.yaml"):
+        # Every probe counts: on this node the client lags its schedule, and a lag that
+        # could not flip a probe's verdict no longer disqualifies it (the issue's search
+        # walked down to 2.1 req/s below levels that met the objective).
+        # The headline is the highest probe that met the objective.
+        levels = status["levels"]
+        assert len(levels) >= 2, levels
+        met = [lv["ratePerSecond"] for lv in levels if lv.get("sloVerdict") == "Met"]
+        assert met and headline["ratePerSecond"] == max(met), (met, status)
+
+
+def test_a_chaos_sweep_against_the_real_vllm_ends_with_its_levels_and_comparisons(
+    cluster: ClusterHandle, served: str
+) -> None:
+    """Issue 44: the chaos example's shape, scaled to the tiny model (examples/dev/), against
+    the CPU vLLM sample on the two-core node, where the load Job shares the node with the
+    server. It ends Succeeded with every level (each with the verdict the Job judged it by)
+    and a plain-against-perturbed comparison for the network and the neighbour."""
+    status = _run_dev_example(cluster, served, "inferencebenchmark-chaos.yaml")
+    levels, chaos = status.get("levels") or [], status.get("chaos") or []
+    assert [lv["ratePerSecond"] for lv in levels] == [2, 4, 8], levels
+    for level in levels:
+        assert level["requests"] > 0 and level.get("errored", 0) == 0, level
+        assert level["sloVerdict"] in ("Met", "Missed", "ClientLimited"), level
+    assert [c["perturbation"].split(" ")[0] for c in chaos] == ["network", "noisy"], chaos
+    for entry in chaos:
+        assert entry["ratePerSecond"] == 3
+        assert entry["baseline"]["requests"] > 0 and entry["perturbed"]["requests"] > 0, entry
+        assert entry["verdict"], entry
+    # The network's delay is on every request's path: its median TTFT grows by about two
+    # one-way delays (the request and its first token), less what the jitter takes.
+    network = chaos[0]
+    grew = (network["perturbed"]["fromSend"]["ttft"]["p50"]
+            - network["baseline"]["fromSend"]["ttft"]["p50"])  # fmt: skip
+    assert grew >= 20, network
+
+
 def test_deleting_the_pod_lets_the_streams_in_flight_finish(
     cluster: ClusterHandle, served: str
 ) -> None:

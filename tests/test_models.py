@@ -17,14 +17,15 @@ KINDS: dict[str, type[ApiModel]] = {
     "InferenceBenchmark": InferenceBenchmark,
     "GPUNode": GPUNode,
 }
-EXAMPLES = sorted((Path(__file__).parents[1] / "examples").glob("*.yaml"))
+EXAMPLE_DIR = Path(__file__).parents[1] / "examples"
+EXAMPLES = sorted(EXAMPLE_DIR.rglob("*.yaml"))
 
 
 def _documents(path: Path) -> list[dict[str, object]]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d]
 
 
-@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+@pytest.mark.parametrize("path", EXAMPLES, ids=[str(p.relative_to(EXAMPLE_DIR)) for p in EXAMPLES])
 def test_every_example_is_a_valid_object(path: Path) -> None:
     docs = [d for d in _documents(path) if d.get("kind") in KINDS]
     assert docs, f"{path.name} holds none of our kinds"
