@@ -33,9 +33,7 @@ def test_the_crds_are_established(crds: ClusterHandle) -> None:
     ]
 
 
-@pytest.mark.parametrize(
-    "path", EXAMPLES, ids=[str(p.relative_to(REPO / "examples")) for p in EXAMPLES]
-)
+@pytest.mark.parametrize("path", EXAMPLES, ids=EXAMPLE_IDS)
 def test_every_example_is_accepted(crds: ClusterHandle, namespace: str, path: Path) -> None:
     crds.kubectl("apply", "-n", namespace, "-f", str(path))
     for doc in yaml.safe_load_all(path.read_text()):

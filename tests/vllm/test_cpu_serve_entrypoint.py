@@ -187,11 +187,16 @@ def test_the_shim_execs_the_paths_the_image_build_uses() -> None:
 # ---- with the real vLLM 0.32 --------------------------------------------------------------
 
 
+def _clean_environment() -> dict[str, str]:
+    """This environment without the CPU stand-in's own settings (VLLM_CPU_*)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("VLLM_CPU_")}
+
+
 def _run(
     python: Path, *args: str, env: Mapping[str, str] | None = None, check_only: bool = True
 ) -> subprocess.CompletedProcess[str]:
     """The script, as the shim runs it, with a clean CPU-stand-in environment."""
-    full = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_CPU_")}
+    full = _clean_environment()
     if check_only:
         full[serve.CHECK_ENV] = "1"
     full.update(env or {})
@@ -239,10 +244,9 @@ def _run_many(
     cases, results = tmp / "runs.json", tmp / "results.json"
     checked = {key: [args, {serve.CHECK_ENV: "1", **env}] for key, (args, env) in runs.items()}
     cases.write_text(json.dumps(checked))
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_CPU_")}
     done = subprocess.run(
         [str(python), "-c", _MANY, str(SCRIPT), str(cases), str(results)],
-        capture_output=True, text=True, env=clean, timeout=600, check=False,
+        capture_output=True, text=True, env=_clean_environment(), timeout=600, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     return {
@@ -397,10 +401,11 @@ def test_vllm_accepts_what_the_operator_renders(
 
 
 @pytest.mark.vllm
-def test_fast_start_off_keeps_the_rendered_mode(vllm_python: Path) -> None:
-    """In a process of its own, as a pod runs it (the runs above share one)."""
+def test_fast_start_off_keeps_the_rendered_mode(
+    runs: dict[str, subprocess.CompletedProcess[str]],
+) -> None:
     assert "--no-enforce-eager" in ONE_GPU
-    kept = _checked(_run(vllm_python, "serve", *ONE_GPU, env={"VLLM_CPU_FAST_START": "0"}))
+    kept = _checked(runs["fast start off"])
     assert kept["command"] == ["vllm", "serve", *serve.adapt(ONE_GPU)[0]]
     assert "--enforce-eager" not in kept["command"]
 

@@ -580,27 +580,25 @@ def compact_status(status: dict[str, Any], limit: int = TERMINATION_MESSAGE_LIMI
         }
         for c in chaos
     ]
+    slim_levels = [_slim(lv) for lv in levels]
+    slim_headline = _slim(status.get("headline"))
     candidates = [
         status,
         {**status, "levels": [unbucketed(lv) for lv in levels]},
         # Every level kept, with its key numbers only: a sweep's levels are what tell a
         # run without a headline from one that measured nothing.
-        {**status, "levels": [_slim(lv) for lv in levels]},
+        {**status, "levels": slim_levels},
+        {**status, "levels": slim_levels, "headline": slim_headline},
         {
             **status,
-            "levels": [_slim(lv) for lv in levels],
-            "headline": _slim(status.get("headline")),
-        },
-        {
-            **status,
-            "levels": [_slim(lv) for lv in levels],
-            "headline": _slim(status.get("headline")),
+            "levels": slim_levels,
+            "headline": slim_headline,
             **({"chaos": slim_chaos} if chaos else {}),
         },
         {**{k: v for k, v in status.items() if k != "levels"}},
         {
             **{k: v for k, v in status.items() if k not in ("levels", "headline")},
-            "headline": _slim(status.get("headline")),
+            "headline": slim_headline,
             **({"chaos": slim_chaos} if chaos else {}),
         },
     ]
