@@ -229,8 +229,12 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
     ns = real_namespace()  # restricted, as every pod the operator renders passes it
     # Longer than a second CPU vLLM takes to start and warm up on two cores, so the pod the
     # load asked for is not removed before it serves: 86 s measured alone on the real node,
-    # over 110 s in a full CI run (startup probe period and warmup Job included).
+    # over 110 s in a full CI run (startup probe period and warmup Job included). Once the
+    # benchmark that holds the scale-down runs, the test shortens it to ``short`` (as a user
+    # may: the operator reads the window at each reading), so that the hold shows without
+    # waiting out the long one (~90 s of each CI run).
     window = 180
+    short = 30
     cluster.apply(
         _isvc(
             "auto",
@@ -314,14 +318,14 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
         # A benchmark starts; light load goes to the newer pod only.
         # The benchmark outlasts what the test waits for; the test deletes it once the held
         # scale-down has shown (the remedy docs/troubleshooting.md names). The hold shows a
-        # scale-down window after the last reading that asked for two replicas: at the latest
-        # 15 s after the heavy load (the signal being a 15 s average), unless the benchmark
-        # itself reads high (a 50 s stall of a CPU vLLM on the loaded CI machine kept two of
-        # its requests in the server, 2026-12-01; two stalls in one run piled up 2.4 and 3.0
-        # requests per pod at 0.1/s, 2026-12-02), which restarts the window: the wait allows
-        # two such restarts. Its requests are few (0.03/s, 4 tokens each), so that a stall
-        # piles up one or two of them, not five: an idle pod's gauge reads 1 when a scrape
-        # catches one.
+        # scale-down window (``short`` from the moment the benchmark runs) after the last
+        # reading that asked for two replicas: the heavy load's end at the latest (the signal
+        # being a 15 s average), unless the benchmark itself reads high (a 50 s stall of a CPU
+        # vLLM on the loaded CI machine kept two of its requests in the server, 2026-12-01;
+        # two stalls in one run piled up 2.4 and 3.0 requests per pod at 0.1/s, 2026-12-02),
+        # which restarts the window: the wait allows two such stalls. Its requests are few
+        # (0.03/s, 4 tokens each), so that a stall piles up one or two of them, not five: an
+        # idle pod's gauge reads 1 when a scrape catches one.
         bench = _bench("hold", "auto", 900)
         bench["spec"]["arrival"]["ratePerSecond"] = 0.03
         cluster.apply(bench, namespace=ns)
@@ -333,7 +337,14 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
             "the benchmark to run",
             timeout=120,
         )
-        timeline.mark("benchmark 'hold' runs; light load (1 in flight) on the second pod")
+        cluster.kubectl(
+            "patch", "vis", "auto", "-n", ns, "--type=merge",
+            "-p", json.dumps({"spec": {"autoscaling": {"scaleDownWindowSeconds": short}}}),
+        )  # fmt: skip
+        timeline.mark(
+            f"benchmark 'hold' runs; scale-down window now {short} s; light load (1 in flight)"
+            " on the second pod"
+        )
         # Short requests: the 15 s average counts a request whole when it ends, so it can read
         # up to (15 s + one request's time) / 15 s per request kept going (1.45 measured
         # with 256-token requests of ~7 s on the loaded machine).
@@ -350,7 +361,7 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
                 and i
             ),
             "the scale-down to be held",
-            timeout=3 * window + 45,
+            timeout=2 * (50 + 15 + short) + 60,
         )
         timeline.mark("scale-down held")
         assert "InferenceBenchmark hold" in held["status"]["autoscaling"]["message"]
