@@ -136,6 +136,12 @@ GOLDEN_CASES: dict[str, dict[str, Any]] = {
             {"name": "tone", "source": {"image": {"path": "/opt/adapters/tone"}}},
         ],
     },
+    # The three rollout strategies (spec.rollout): Surge and Replace as asked; Auto on a
+    # node pool with no room for one more replica resolves to Replace
+    # (tests/render/test_golden.py renders it through the reconcile's choice).
+    "rollout-surge": {"rollout": "Surge", "replicas": 2, "gpu": {"count": 1}},
+    "rollout-replace": {"rollout": "Replace", "replicas": 2, "gpu": {"count": 1}},
+    "rollout-auto-full-node": {"rollout": "Auto", "gpu": {"count": 1}},
 }  # fmt: skip
 
 

@@ -35,6 +35,12 @@ ANNOTATION_DELETION_COST: Final = "controller.kubernetes.io/pod-deletion-cost"
 
 # Our own prefix for annotations, labels and Kopf's bookkeeping.
 PREFIX: Final = GROUP
+# On the Deployment: a digest of the pod template the operator rendered, so that a pass
+# knows whether its apply starts a rollout (the live template carries the apiserver's
+# defaults and cannot be compared with the rendered one).
+ANNOTATION_TEMPLATE_HASH: Final = f"{GROUP}/pod-template-hash"
+# On an InferenceService: "true" lets a rollout through while a benchmark runs.
+ANNOTATION_FORCE_ROLLOUT: Final = f"{GROUP}/force-rollout"
 
 # Pod readiness gate that the operator sets once warmup of the pod succeeded.
 WARMED_UP_CONDITION: Final = f"{GROUP}/warmed-up"

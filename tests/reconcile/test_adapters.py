@@ -15,9 +15,10 @@ from typing import Any
 import httpx
 
 from tests.fakes import RecordingCluster
-from tests.specs import BASE, isvc
+from tests.specs import BASE, isvc, plan_for
 from vllm_operator.models.inference_service import Adapter
 from vllm_operator.reconcile.adapters import (
+    REASON_AWAITING_ROLLOUT,
     REASON_LOAD_FAILED,
     REASON_LOADED,
     REASON_LOADING,
@@ -26,10 +27,12 @@ from vllm_operator.reconcile.adapters import (
     ServerResult,
     plan_sync,
     summarize,
+    sync_adapters,
     sync_server,
 )
 from vllm_operator.reconcile.inference_service import reconcile_inference_service
 from vllm_operator.render.adapters import adapter_path
+from vllm_operator.servers.adapters import NO_ADAPTER_API
 from vllm_operator.settings import OperatorSettings
 
 
@@ -192,3 +195,52 @@ async def test_a_pass_reports_each_adapter_and_renders_lora_without_a_server() -
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert "--enable-lora" in container["args"]
     assert {"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "True"} in container["env"]
+
+
+def _server(name: str, ip: str, *args: str) -> dict[str, Any]:
+    """A pod whose vLLM answers, started with ``args``."""
+    return {
+        "metadata": {"name": name},
+        "spec": {"containers": [{"name": "vllm", "args": ["/models/model", *args]}]},
+        "status": {"podIP": ip, "conditions": [{"type": "ContainersReady", "status": "True"}]},
+    }
+
+
+async def test_no_adapter_call_goes_to_a_server_started_without_lora() -> None:
+    """The first adapter rolls the pods out (LoRA on only at start): until the new pod
+    serves, the old one is left alone and the status says what it waits for."""
+    svc = isvc(adapters=[{"name": "sql", "source": {"image": {"path": "/opt/a/sql"}}}])
+    fake = _FakeVllm({}, missing=set())
+    hosts: list[str] = []
+
+    def serve(request: httpx.Request) -> httpx.Response:
+        hosts.append(request.url.host)
+        return fake(request)
+
+    old, new = _server("old", "10.0.0.1"), _server("new", "10.0.0.2", "--enable-lora")
+    async with httpx.AsyncClient(transport=httpx.MockTransport(serve)) as http:
+        waiting = await sync_adapters(http, svc, plan_for(svc), [old])
+        assert hosts == []
+        assert waiting is not None and not waiting.ok
+        assert (waiting.reason, waiting.message) == (
+            REASON_AWAITING_ROLLOUT,
+            "1 running server(s) started without LoRA; the adapters load into each server "
+            "the rollout that turns LoRA on starts",
+        )
+        both = await sync_adapters(http, svc, plan_for(svc), [old, new])
+    assert set(hosts) == {"10.0.0.2"}
+    assert both is not None and both.reason == REASON_AWAITING_ROLLOUT
+    assert both.statuses[0].loaded_replicas == 1
+    assert "(1 adapter(s) on 1 running server(s))" in both.message
+
+
+async def test_a_server_without_the_adapter_api_is_named_in_words() -> None:
+    def no_route(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": []})
+        return httpx.Response(404, json={"detail": "Not Found"})  # FastAPI: no such route
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(no_route)) as http:
+        result = await sync_server(http, POD, [_adapter("sql")], 16)
+    assert result.errors == {"sql": NO_ADAPTER_API}
+    assert "started without --enable-lora" in NO_ADAPTER_API

@@ -5,6 +5,7 @@ Set UPDATE_GOLDEN=1 to rewrite the files after an intended change, then review t
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 
@@ -12,8 +13,11 @@ import pytest
 import yaml
 
 from tests.determinism import same_across_processes
-from tests.specs import GOLDEN_CASES, isvc, plan_for
-from vllm_operator.constants import DEFAULT_SERVING_IMAGE
+from tests.specs import GOLDEN_CASES, NODES, isvc, plan_for
+from vllm_operator.constants import DEFAULT_SERVING_IMAGE, GPU_RESOURCE
+from vllm_operator.models import InferenceService
+from vllm_operator.models.inference_service import EffectiveTuning, ResolvedRollout
+from vllm_operator.reconcile.rollout import choose
 from vllm_operator.render.deployment import build_deployment
 from vllm_operator.render.pdb import build_pdb
 from vllm_operator.render.service import build_service
@@ -21,11 +25,35 @@ from vllm_operator.render.service import build_service
 GOLDEN = Path(__file__).parents[1] / "golden"
 
 
+def _full_pool_strategy(svc: InferenceService, plan: EffectiveTuning) -> ResolvedRollout:
+    """What Auto resolves to when a change rolls out on NODES with every GPU taken."""
+    rendered = build_deployment(svc, plan, image=DEFAULT_SERVING_IMAGE, replicas=1)
+    live = copy.deepcopy(rendered)
+    live["metadata"]["annotations"] = {}  # an older template: the apply starts a rollout
+    taken = [
+        {"metadata": {"name": f"other-{n['metadata']['name']}"},
+         "spec": {"nodeName": n["metadata"]["name"], "containers": [{"resources": {
+             "requests": {GPU_RESOURCE: n["status"]["allocatable"][GPU_RESOURCE]}}}]},
+         "status": {"phase": "Running"}}
+        for n in NODES
+    ]  # fmt: skip
+    choice = choose(svc, plan, rendered, live, nodes=NODES, cluster_pods=taken,
+                    service_pods=[], stored=None)  # fmt: skip
+    return choice.strategy
+
+
 def _render(case: str) -> str:
     svc = isvc(**GOLDEN_CASES[case])
     plan = plan_for(svc)
+    strategy: ResolvedRollout = "Surge"
+    if svc.spec.rollout == "Auto" and case.startswith("rollout-auto-full"):
+        strategy = _full_pool_strategy(svc, plan)
+    elif svc.spec.rollout != "Auto":
+        strategy = svc.spec.rollout
     docs = [
-        build_deployment(svc, plan, image=DEFAULT_SERVING_IMAGE, replicas=svc.spec.replicas),
+        build_deployment(
+            svc, plan, image=DEFAULT_SERVING_IMAGE, replicas=svc.spec.replicas, strategy=strategy
+        ),
         build_service(svc),
         build_pdb(svc),
     ]

@@ -413,6 +413,11 @@ class WarmupSpec(ApiModel):
     )
 
 
+RolloutStrategy = Literal["Auto", "Surge", "Replace"]
+# What an Auto rollout resolves to (the Deployment's strategy).
+ResolvedRollout = Literal["Surge", "Replace"]
+
+
 AutoscalingMetric = Literal[
     "RequestsWaiting", "RequestsRunning", "KVCacheUsage", "TTFTP90", "TTFTP99"
 ]
@@ -836,6 +841,16 @@ class InferenceServiceSpec(ApiModel):
     pod_template: PodTemplateOverlay = Field(
         default_factory=PodTemplateOverlay, description="Overlay on the rendered pods."
     )
+    rollout: RolloutStrategy = Field(
+        default="Auto",
+        description="How a change of the pods (an argument, the first adapter, an image) "
+        "rolls out. Surge: one extra replica at a time, never fewer than spec.replicas "
+        "serving (needs room for one more replica: GPUs, CPU, memory). Replace: one replica "
+        "at a time is stopped first, then started anew (no spare room needed; one replica "
+        "fewer while it restarts and warms up: none at all for a single replica). Auto: Surge "
+        "when a node that fits the plan has room for one more replica, else Replace; "
+        "status.rollout says which and why.",
+    )
     adapters: list[Adapter] = Field(
         default_factory=list,
         max_length=64,
@@ -1074,6 +1089,13 @@ class AdapterStatus(ApiModel):
     )
 
 
+class RolloutStatus(ApiModel):
+    """The strategy the pods roll out with, and why (spec.rollout)."""
+
+    strategy: ResolvedRollout = Field(description="Surge or Replace.")
+    message: str = Field(max_length=1024, description="Why this strategy.")
+
+
 class InferenceServiceStatus(ApiModel):
     """Observed state of an InferenceService, computed by the operator."""
 
@@ -1103,6 +1125,9 @@ class InferenceServiceStatus(ApiModel):
     )
     autoscaling: AutoscalingStatus | None = Field(
         default=None, description="The autoscaler's last reading and decision."
+    )
+    rollout: RolloutStatus | None = Field(
+        default=None, description="How the pods roll out (spec.rollout), and why."
     )
     adapters: list[AdapterStatus] | None = Field(
         default=None, description="The LoRA adapters of spec.adapters, and where they are loaded."

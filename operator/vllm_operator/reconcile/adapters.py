@@ -29,6 +29,7 @@ from vllm_operator.models.base import Manifest
 from vllm_operator.models.inference_service import Adapter, AdapterStatus, EffectiveTuning
 from vllm_operator.reconcile.conditions import pod_condition
 from vllm_operator.render.adapters import adapter_path, max_rank_in_force, rank_refusal
+from vllm_operator.render.deployment import CONTAINER
 from vllm_operator.render.meta import SERVER_PORT
 from vllm_operator.servers.adapters import (
     AdapterApiError,
@@ -45,6 +46,9 @@ REASON_LOADING: Final = "Loading"
 REASON_LOAD_FAILED: Final = "AdapterLoadFailed"
 REASON_RANK: Final = "AdapterRankTooLarge"
 REASON_UNREACHABLE: Final = "ServerUnreachable"
+REASON_AWAITING_ROLLOUT: Final = "AwaitingLoRARollout"
+# The argument that turns LoRA on in vLLM: a server started without it has no adapter API.
+LORA_FLAG: Final = "--enable-lora"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +92,15 @@ class ServerResult:
     loaded: dict[str, str] = dataclasses.field(default_factory=dict)
     errors: dict[str, str] = dataclasses.field(default_factory=dict)
     unreachable: str | None = None
+
+
+def lora_on(pod: Manifest) -> bool:
+    """The pod's vLLM was started with LoRA on (its container's arguments say so)."""
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        if container.get("name") == CONTAINER:
+            args = [str(a) for a in container.get("args") or []]
+            return LORA_FLAG in args or f"{LORA_FLAG}=true" in args or (f"{LORA_FLAG}=True" in args)
+    return False
 
 
 def serving_pods(pods: Sequence[Manifest]) -> list[Manifest]:
@@ -166,14 +179,28 @@ async def sync_adapters(
     adapters = isvc.spec.adapters
     if not any(a.name == "enable-lora" and a.value == "true" for a in tuning.arguments):
         return None
-    servers = serving_pods(pods)
+    running = serving_pods(pods)
+    # No adapter call goes to a server started without LoRA: it has no adapter API until
+    # the rollout that turns LoRA on replaces it.
+    servers = [p for p in running if lora_on(p)]
     max_rank = max_rank_in_force(tuning)
     results: list[ServerResult] = []
     if http is not None:
         results = list(
             await asyncio.gather(*(sync_server(http, p, adapters, max_rank) for p in servers))
         )
-    return summarize(adapters, results, servers=len(servers), max_rank=max_rank)
+    found = summarize(adapters, results, servers=len(servers), max_rank=max_rank)
+    without = len(running) - len(servers)
+    if without and found.reason in (REASON_LOADED, REASON_LOADING):
+        return dataclasses.replace(
+            found,
+            reason=REASON_AWAITING_ROLLOUT,
+            message=f"{without} running server(s) started without LoRA; the adapters load "
+            "into each server the rollout that turns LoRA on starts"
+            + (f" ({found.message})" if servers else ""),
+            ok=False,
+        )
+    return found
 
 
 def summarize(

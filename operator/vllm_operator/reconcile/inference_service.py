@@ -28,6 +28,7 @@ import httpx
 from pydantic import ValidationError
 
 from vllm_operator.constants import (
+    ANNOTATION_FORCE_ROLLOUT,
     API_VERSION,
     KIND_GPU_NODE,
 )
@@ -63,6 +64,14 @@ from vllm_operator.reconcile.placement import (
     fits_placement,
     plan_inference_service,
 )
+from vllm_operator.reconcile.rollout import (
+    REASON_HELD,
+    REASON_OUTAGE,
+    RolloutChoice,
+    choose,
+    forced,
+    room_needed,
+)
 from vllm_operator.reconcile.status import Observed, Problem, compute_status, ready_endpoints
 from vllm_operator.reconcile.warmup import (
     WarmupDecision,
@@ -71,7 +80,12 @@ from vllm_operator.reconcile.warmup import (
     list_warmup_jobs,
     read_reports,
 )
-from vllm_operator.render.deployment import build_deployment, gpus_per_replica, hf_token_ref
+from vllm_operator.render.deployment import (
+    build_deployment,
+    gpus_per_replica,
+    hf_token_ref,
+    with_strategy,
+)
 from vllm_operator.render.hpa import build_hpa, hpa_name
 from vllm_operator.render.lws import KIND as LWS_KIND
 from vllm_operator.render.lws import build_leaderworkerset, group_size
@@ -573,6 +587,57 @@ async def _apply_children(
     return deployment, rejected
 
 
+async def _rollout(
+    api: ClusterAPI, isvc: InferenceService, decision: Decision, snap: Snapshot
+) -> tuple[Decision, RolloutChoice | None]:
+    """The Deployment's strategy (spec.rollout; reconcile/rollout.py), and no rollout at all
+    while a benchmark runs unless the service is annotated to force it: the Deployment is
+    then left as it stands (its replicas too, which the lock keeps from going down)."""
+    at = next((i for i, c in enumerate(decision.children) if c["kind"] == DEPLOYMENT), None)
+    if at is None:
+        return decision, None
+    rendered, live = decision.children[at], snap.live_deployment
+    # The cluster's pods are read only when a rollout starts or runs under Auto.
+    pods = await api.list("v1", "Pod") if room_needed(isvc, rendered, live) else None
+    before = isvc.status.rollout if isvc.status else None
+    choice = choose(
+        isvc,
+        decision.tuning,
+        rendered,
+        live,
+        nodes=snap.view.nodes,
+        cluster_pods=pods,
+        service_pods=snap.pods,
+        stored=(before.strategy, before.message) if before else None,
+    )
+    children = list(decision.children)
+    benchmark = decision.scale_down_blocked_by
+    if choice.starts and benchmark is not None and not forced(isvc):
+        del children[at]
+        held = RolloutChoice(
+            choice.strategy,
+            f"Held: InferenceBenchmark {benchmark} is running; the change of the pods rolls "
+            f"out when it ends (or annotate the InferenceService {ANNOTATION_FORCE_ROLLOUT}="
+            f'"true" to roll it out now). {choice.message}'[:1024],
+            held=True,
+        )
+        return replace(decision, children=children), held
+    children[at] = with_strategy(rendered, choice.strategy)
+    return replace(decision, children=children), choice
+
+
+async def _rollout_events(
+    api: ClusterAPI, body: Manifest, choice: RolloutChoice, status: InferenceServiceStatus | None
+) -> None:
+    """Before the apply: a rollout that leaves no replica serving says so; a rollout held by
+    a benchmark says so once."""
+    if choice.outage:
+        await api.event(body, reason=REASON_OUTAGE, message=choice.message, warning=True)
+    before = status.rollout if status else None
+    if choice.held and (before is None or before.message != choice.message):
+        await api.event(body, reason=REASON_HELD, message=choice.message)
+
+
 def _stored_status(body: Manifest) -> InferenceServiceStatus | None:
     raw = body.get("status")
     if not raw:
@@ -738,6 +803,9 @@ async def _reconcile(
         live = {**snap.live, LWS_KIND: groups.live} if groups.live else snap.live
         snap = replace(snap, groups=groups, live=live)
     decision = decide(served, snap, settings, now, cache, planned)
+    decision, rollout = await _rollout(api, served, decision, snap)
+    if rollout is not None:
+        await _rollout_events(api, body, rollout, isvc.status)
     deployment, rejected = await _apply_children(api, served, decision, snap.live, applied)
     await apply_writes(api, decision.warmup.writes)
     # The adapters of spec.adapters into every server that answers, none restarted.
@@ -763,6 +831,7 @@ async def _reconcile(
         scale_down_blocked_by=decision.scale_down_blocked_by,
         last_benchmark=decision.last_benchmark,
         adapters=adapters,
+        rollout=rollout,
         waiting=cache.waiting,
         workload=decision.workload,
         endpoints=ready_endpoints(snap.endpoint_slices, service_name(isvc)),

@@ -16,11 +16,13 @@ from vllm_operator.models.base import Manifest
 from vllm_operator.models.inference_service import (
     BenchmarkSummary,
     EffectiveTuning,
+    RolloutStatus,
     WarmupStatus,
 )
 from vllm_operator.reconcile.adapters import AdaptersObserved
 from vllm_operator.reconcile.conditions import condition, manifest_condition, pod_condition
-from vllm_operator.reconcile.pods import pod_problem
+from vllm_operator.reconcile.pods import PodProblem, pod_problem
+from vllm_operator.reconcile.rollout import RolloutChoice
 from vllm_operator.render.deployment import served_model_name
 from vllm_operator.render.meta import selector_string, service_name
 from vllm_operator.render.service import endpoint_url
@@ -51,6 +53,8 @@ class Observed:
     last_benchmark: BenchmarkSummary | None = None
     # The LoRA adapters on the running servers, when the plan has LoRA on.
     adapters: AdaptersObserved | None = None
+    # How the pods roll out (spec.rollout), when a Deployment is rendered.
+    rollout: RolloutChoice | None = None
     # What the service waits for before anything is rolled out (a ModelCache still
     # downloading): Ready=False and Reconciling=True with its reason, not Stalled.
     waiting: Problem | None = None
@@ -155,6 +159,14 @@ def compute_status(
     # Why the pods are not ready, while the rollout is not complete (a crash loop, an image
     # that cannot be pulled, a pod that cannot be scheduled).
     trouble = None if complete else pod_problem(observed.deployment, pods)
+    if trouble is not None and trouble.reason == "Unschedulable" and _surging(observed):
+        trouble = PodProblem(
+            trouble.reason,
+            f"{trouble.message.rstrip('.')}. It is the rollout's surge pod (spec.rollout: "
+            "Surge): spec.rollout Replace (one replica stopped first) or room for one more "
+            "replica lets the rollout through.",
+            trouble.stalled,
+        )
     if stalled is None and trouble is not None and trouble.stalled:
         stalled = Problem(trouble.reason, trouble.message)
 
@@ -241,4 +253,19 @@ def compute_status(
         warmup=observed.warmup,
         last_benchmark=last_benchmark,
         adapters=observed.adapters.statuses if observed.adapters is not None else None,
+        rollout=(
+            RolloutStatus(strategy=observed.rollout.strategy, message=observed.rollout.message)
+            if observed.rollout is not None
+            else None
+        ),
+    )
+
+
+def _surging(observed: Observed) -> bool:
+    """A Surge rollout under way: pods of the old template still run beside the new."""
+    status = (observed.deployment or {}).get("status") or {}
+    return (
+        observed.rollout is not None
+        and observed.rollout.strategy == "Surge"
+        and int(status.get("replicas") or 0) > int(status.get("updatedReplicas") or 0)
     )

@@ -10,11 +10,14 @@ streaming responses.
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import math
 from typing import Final
 
 from vllm_operator.constants import (
     ADAPTER_MOUNT,
+    ANNOTATION_TEMPLATE_HASH,
     CACHE_MOUNT,
     GPU_RESOURCE,
     HOME_DIR,
@@ -27,7 +30,7 @@ from vllm_operator.constants import (
 )
 from vllm_operator.models import InferenceService
 from vllm_operator.models.base import Manifest, SecretKeyReference
-from vllm_operator.models.inference_service import EffectiveTuning, PlannedPod
+from vllm_operator.models.inference_service import EffectiveTuning, PlannedPod, ResolvedRollout
 from vllm_operator.models.quantity import format_mebibytes, to_bytes
 from vllm_operator.releases.arguments import arguments_for, release_flags
 from vllm_operator.releases.version import TESTED_VERSION, Version
@@ -52,6 +55,38 @@ STARTUP_PERIOD_SECONDS: Final = 10
 PRESTOP_DELAY_SECONDS: Final = 5
 # vLLM's --shutdown-timeout: how long in-flight requests may finish after SIGTERM.
 DRAIN_SECONDS: Final = 60
+# The Deployment's rolling update of each strategy (spec.rollout; Auto resolves to one).
+ROLLING_UPDATES: Final[dict[ResolvedRollout, dict[str, int]]] = {
+    # One extra replica at a time: never fewer than the desired count serving.
+    "Surge": {"maxSurge": 1, "maxUnavailable": 0},
+    # One replica stopped first: no spare room needed.
+    "Replace": {"maxSurge": 0, "maxUnavailable": 1},
+}
+
+
+def template_hash(template: Manifest) -> str:
+    """A digest of a rendered pod template (ANNOTATION_TEMPLATE_HASH)."""
+    text = json.dumps(template, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def rollout_strategy(deployment: Manifest | None) -> ResolvedRollout | None:
+    """The strategy a Deployment (rendered or live) rolls out with, None when neither."""
+    update = ((deployment or {}).get("spec") or {}).get("strategy", {}).get("rollingUpdate")
+    for name, wanted in ROLLING_UPDATES.items():
+        if update is not None and all(str(update.get(k)) == str(v) for k, v in wanted.items()):
+            return name
+    return None
+
+
+def with_strategy(deployment: Manifest, strategy: ResolvedRollout) -> Manifest:
+    """``deployment`` (rendered) rolling out with ``strategy``."""
+    changed = copy.deepcopy(deployment)
+    changed["spec"]["strategy"] = {
+        "type": "RollingUpdate",
+        "rollingUpdate": dict(ROLLING_UPDATES[strategy]),
+    }
+    return changed
 
 
 def served_model_name(isvc: InferenceService) -> str:
@@ -287,11 +322,13 @@ def build_deployment(
     *,
     image: str,
     replicas: int,
+    strategy: ResolvedRollout = "Surge",
 ) -> Manifest:
     """The vLLM Deployment for ``isvc`` under the plan ``tuning``.
 
     ``image`` is the spec's image or the operator's default; ``replicas`` is what the
-    reconcile decided (the spec's, held up while a benchmark runs).
+    reconcile decided (the spec's, held up while a benchmark runs); ``strategy``: how a
+    change of the template rolls out (spec.rollout, Auto resolved by the reconcile).
     """
     pod = tuning.pod or PlannedPod()
     gpus = gpus_per_replica(tuning)
@@ -367,23 +404,25 @@ def build_deployment(
         **overlay.annotations,
         "kubectl.kubernetes.io/default-container": CONTAINER,
     }
+    template = {
+        "metadata": {"labels": pod_labels, "annotations": pod_annotations},
+        "spec": pod_spec,
+    }
+    metadata = child_metadata(isvc, deployment_name(isvc), "server")
+    metadata["annotations"] = {ANNOTATION_TEMPLATE_HASH: template_hash(template)}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": child_metadata(isvc, deployment_name(isvc), "server"),
+        "metadata": metadata,
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": selector_labels(isvc)},
             "revisionHistoryLimit": 3,
-            # Keep serving capacity during rollouts: one extra replica at a time.
             "strategy": {
                 "type": "RollingUpdate",
-                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+                "rollingUpdate": dict(ROLLING_UPDATES[strategy]),
             },
             "progressDeadlineSeconds": startup + 300,
-            "template": {
-                "metadata": {"labels": pod_labels, "annotations": pod_annotations},
-                "spec": pod_spec,
-            },
+            "template": template,
         },
     }

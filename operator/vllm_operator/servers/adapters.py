@@ -21,6 +21,14 @@ REQUEST_TIMEOUT_SECONDS: Final = 10.0
 LOAD_TIMEOUT_SECONDS: Final = 120.0
 
 
+# A server without the adapter routes (vLLM started without LoRA, or without runtime
+# updating): what its 404 means, in words.
+NO_ADAPTER_API: Final = (
+    "the server has no adapter API (HTTP 404): its vLLM was started without --enable-lora "
+    "or without VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"
+)
+
+
 class AdapterApiError(RuntimeError):
     """The server answered, with an error (its own words), or did not answer."""
 
@@ -41,6 +49,11 @@ def _error_text(response: httpx.Response) -> str:
             return str(inner["message"])[:500]
         if body.get("message"):
             return str(body["message"])[:500]
+        if response.status_code == 404 and body.get("detail") == "Not Found":
+            # FastAPI's answer for a route the server does not have.
+            return NO_ADAPTER_API
+        if isinstance(body.get("detail"), str):
+            return str(body["detail"])[:500]
     return response.text.strip()[:500]
 
 
