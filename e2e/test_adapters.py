@@ -2,15 +2,20 @@
 
 The operator runs as the chart's pod; the server is a container of the CPU vLLM image,
 whose tiny LoRA adapters of the tiny model are baked in under /opt/adapters
-(scripts/make_tiny_adapter.py). The service starts with one adapter, which its warmup Job
-loads; then adapters are added, one removed, and bad ones declared, each reaching the
-running server through vLLM's adapter API: the pod's uid and restart count and the
-Deployment's generation stay the same throughout.
+(scripts/make_tiny_adapter.py). The service starts as make dev's sample, without LoRA, on
+the two-core node that has no room for a second server; the first adapter turns LoRA on,
+which only a new pod can have: the default rollout (Auto) replaces the pod, announced
+first, and no adapter call goes to the old server. Then adapters are added, one removed,
+and bad ones declared, each reaching the running server through vLLM's adapter API: the
+pod's uid and restart count and the Deployment's generation stay the same throughout.
 """
 
 from __future__ import annotations
 
+import json
 import secrets
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,10 +25,11 @@ import yaml
 
 from devenv.cluster import node
 from devenv.cluster.cluster import ClusterHandle
+from devenv.cluster.images import Images
 from devenv.cluster.processes import wait_until
 from devenv.dev import answers, service_url
 from e2e.real_node_fixtures import ChartOperator
-from e2e.test_real_node import SAMPLE, server_pod
+from e2e.test_real_node import SAMPLE, _restricted_pod, server_pod
 from vllm_operator.constants import LABEL_SERVICE, LABEL_WARMUP_FOR
 
 NAME = "tiny-lora"
@@ -79,6 +85,50 @@ def _completion(url: str, model: str) -> tuple[int, str]:
     return 200, str(answer.json()["choices"][0]["text"])
 
 
+def _serves(url: str, model: str) -> bool:
+    """``model`` answers a completion through ``url`` now (a refused connection: no)."""
+    try:
+        return _completion(url, model)[0] == 200
+    except httpx.HTTPError:
+        return False
+
+
+class _Watch:
+    """While a rollout runs: the AdaptersLoaded reasons the service shows, and how long the
+    Service answers no /health (every half second)."""
+
+    def __init__(self, cluster: ClusterHandle, ns: str, url: str) -> None:
+        self.reasons: list[str] = []
+        self.outage_s = 0.0
+        self._stop = threading.Event()
+        self._args = (cluster, ns, url)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        cluster, ns, url = self._args
+        first_down: float | None = None
+        last_down: float | None = None
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if not answers(f"{url}/health"):
+                first_down = now if first_down is None else first_down
+                last_down = now
+            got = cluster.kubectl("get", "vis", NAME, "-n", ns, "-o", "json", check=False)
+            if got.returncode == 0:
+                reason = _condition(json.loads(got.stdout), "AdaptersLoaded").get("reason")
+                if reason and (not self.reasons or self.reasons[-1] != reason):
+                    self.reasons.append(reason)
+            if first_down is not None and last_down is not None:
+                self.outage_s = last_down - first_down
+            self._stop.wait(0.5)
+
+    def stop(self) -> _Watch:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        return self
+
+
 def _adapters_status(cluster: ClusterHandle, ns: str) -> dict[str, dict[str, Any]]:
     return {a["name"]: a for a in _service(cluster, ns).get("status", {}).get("adapters") or []}
 
@@ -89,17 +139,51 @@ def _patch_adapters(cluster: ClusterHandle, ns: str, adapters: list[dict[str, An
 
 
 def test_adapters_are_added_and_removed_on_a_running_server_without_a_restart(
-    cluster: ClusterHandle, lora_ns: str
+    cluster: ClusterHandle, lora_ns: str, real_images: Images
 ) -> None:
     ns = lora_ns
+    # The node as make dev has it: the chart's operator pod asks 50m of the two cores there
+    # (here, for the tiers sharing the node, it asks none), so a second server of one core
+    # does not fit beside the first.
+    share = _restricted_pod("operator-share", real_images.operator, [],
+                            requests={"cpu": "50m"}, limits={"memory": "64Mi"})  # fmt: skip
+    share["spec"]["containers"][0]["command"] = ["python", "-c", "import time; time.sleep(86400)"]
+    cluster.apply(share, namespace=ns)
     doc: dict[str, Any] = yaml.safe_load(SAMPLE.read_text())
     doc["metadata"]["name"] = NAME
-    # The rank limit pinned, so that declaring a larger one is refused, not re-planned.
-    doc["spec"]["tuning"] = {"overrides": {"max-lora-rank": "16"}}
-    doc["spec"]["adapters"] = [_adapter("sql", "tiny-lora-a")]
+    assert "rollout" not in doc["spec"] and "adapters" not in doc["spec"]  # make dev's sample
     cluster.apply(doc, namespace=ns)
     cluster.kubectl("wait", "--for=condition=Ready", f"vis/{NAME}", "-n", ns,
                     "--timeout=480s", timeout=500)  # fmt: skip
+    url = service_url(cluster, ns, NAME)
+    wait_until(f"{NAME}'s Service answering", lambda: answers(f"{url}/health"), 60)
+    first_pod = server_pod(cluster, ns, NAME)["metadata"]["name"]
+
+    # The first adapter: LoRA on, so a new pod. The node has no room for a second server
+    # (one core each, two cores): Auto replaces the pod, and says so before it does.
+    watch = _Watch(cluster, ns, url)
+    started = time.monotonic()
+    # The rank limit pinned, so that declaring a larger one below is refused, not re-planned.
+    patch = {"spec": {"tuning": {"overrides": {"max-lora-rank": "16"}},
+                      "adapters": [_adapter("sql", "tiny-lora-a")]}}  # fmt: skip
+    cluster.kubectl("patch", "vis", NAME, "-n", ns, "--type=merge", "-p", yaml.safe_dump(patch))
+    try:
+        wait_until("the sql adapter served by name", lambda: _serves(url, "sql"), 480)
+    finally:
+        seen = watch.stop()
+    served_after = time.monotonic() - started
+    rollout = _service(cluster, ns)["status"]["rollout"]
+    print(f"status.rollout: {rollout}")
+    print(f"first adapter: served by name {served_after:.1f} s after the patch; the Service "
+          f"answered no /health for {seen.outage_s:.1f} s; AdaptersLoaded reasons seen: "
+          f"{seen.reasons}")  # fmt: skip
+    assert rollout["strategy"] == "Replace", rollout
+    assert f"{node.NODE_NAME}: cpu 1 wanted" in rollout["message"], rollout
+    events = cluster.kubectl_json("get", "events", "-n", ns, "--field-selector",
+                                  "reason=RolloutWithOutage")["items"]  # fmt: skip
+    assert events and "unavailable while the new pod starts" in events[0]["message"], events
+    assert "AdapterLoadFailed" not in seen.reasons, seen.reasons  # no call to the old server
+    assert server_pod(cluster, ns, NAME)["metadata"]["name"] != first_pod
     wait_until(
         "AdaptersLoaded=True",
         lambda: _condition(_service(cluster, ns), "AdaptersLoaded").get("status") == "True",
@@ -121,8 +205,6 @@ def test_adapters_are_added_and_removed_on_a_running_server_without_a_restart(
     assert "--enable-lora" in container["args"]
     assert {"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "True"} in container["env"]
 
-    url = service_url(cluster, ns, NAME)
-    wait_until(f"{NAME}'s Service answering", lambda: answers(f"{url}/health"), 60)
     base = _completion(url, "tiny-llama")
     sql = _completion(url, "sql")
     assert base[0] == 200 and sql[0] == 200, (base, sql)
