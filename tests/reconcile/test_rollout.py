@@ -138,6 +138,14 @@ def test_a_taint_the_pods_do_not_tolerate_leaves_the_node_out() -> None:
     pick = choose(tolerant, plan_for(tolerant), rendered, _stale(rendered), nodes=[tainted],
                   cluster_pods=[], service_pods=[], stored=None)  # fmt: skip
     assert pick.strategy == "Surge"
+    # A toleration admission gave the service's pods (a namespace's default tolerations),
+    # which the template does not carry, counts too.
+    admitted = _pod("chat-old", "elsewhere", tolerations=[
+        {"key": "maintenance", "operator": "Equal", "effect": "NoSchedule"}])  # fmt: skip
+    rendered = _rendered(svc)
+    pick = choose(svc, plan_for(svc), rendered, _stale(rendered), nodes=[tainted],
+                  cluster_pods=[], service_pods=[admitted], stored=None)  # fmt: skip
+    assert pick.strategy == "Surge", pick.message
 
 
 def test_cpu_and_memory_count_as_the_scheduler_counts_them() -> None:

@@ -98,18 +98,27 @@ def room_needed(isvc: InferenceService, rendered: Manifest, live: Manifest | Non
 # --- the room on the nodes --------------------------------------------------------------------
 
 
+def _quantity(value: object) -> Decimal:
+    """A request's value; one the parser does not read counts as none (the apiserver
+    stores quantities in canonical form, so this is a hand-made object's)."""
+    try:
+        return parse_quantity(str(value))
+    except ValueError:
+        return Decimal(0)
+
+
 def _requests(pod_spec: Manifest) -> dict[str, Decimal]:
     """What a pod asks of a node: its containers' requests summed, or its largest init
     container's where larger, and its overhead (the scheduler's rule)."""
     total: dict[str, Decimal] = {}
     for container in pod_spec.get("containers") or []:
         for name, value in ((container.get("resources") or {}).get("requests") or {}).items():
-            total[name] = total.get(name, Decimal(0)) + parse_quantity(value)
+            total[name] = total.get(name, Decimal(0)) + _quantity(value)
     for container in pod_spec.get("initContainers") or []:
         for name, value in ((container.get("resources") or {}).get("requests") or {}).items():
-            total[name] = max(total.get(name, Decimal(0)), parse_quantity(value))
+            total[name] = max(total.get(name, Decimal(0)), _quantity(value))
     for name, value in (pod_spec.get("overhead") or {}).items():
-        total[name] = total.get(name, Decimal(0)) + parse_quantity(value)
+        total[name] = total.get(name, Decimal(0)) + _quantity(value)
     return total
 
 
@@ -134,7 +143,7 @@ def _ended(pod: Manifest) -> bool:
 
 def _free(node: Manifest, bound: Sequence[Manifest]) -> dict[str, Decimal]:
     allocatable = {
-        k: parse_quantity(v)
+        k: _quantity(v)
         for k, v in ((node.get("status") or {}).get("allocatable") or {}).items()
     }
     for pod in bound:
@@ -165,12 +174,18 @@ def room(
     rendered: Manifest,
     nodes: Sequence[Manifest],
     pods: Sequence[Manifest],
+    service_pods: Sequence[Manifest] = (),
 ) -> tuple[str | None, str]:
     """(a node with room for one more replica of ``rendered``, or None; the words that say
-    which, or what each node lacks)."""
+    which, or what each node lacks). The tolerations are the template's and those the
+    service's pods carry: admission adds some to every pod (a namespace's defaults, the
+    extended-resource tolerations of GPU pods) that the template does not have."""
     pod_spec = rendered["spec"]["template"]["spec"]
     need = _requests(pod_spec)
-    tolerations = pod_spec.get("tolerations") or []
+    tolerations = [
+        *(pod_spec.get("tolerations") or []),
+        *(t for p in service_pods for t in (p.get("spec") or {}).get("tolerations") or []),
+    ]
     by_node: dict[str, list[Manifest]] = {}
     for pod in pods:
         bound = (pod.get("spec") or {}).get("nodeName")
@@ -255,7 +270,7 @@ def choose(
             strategy = "Replace"
             message = f"Auto: Replace, the surge {stuck}"
     else:
-        node, said = room(isvc, tuning, rendered, nodes, cluster_pods or [])
+        node, said = room(isvc, tuning, rendered, nodes, cluster_pods or [], service_pods)
         strategy = "Surge" if node is not None else "Replace"
         message = f"Auto: {strategy}, {said}"
     outage = starts and strategy == "Replace" and replicas <= 1 and live is not None
