@@ -239,6 +239,10 @@ def test_the_rendered_strategy_reads_back() -> None:
     assert not starts_rollout(again, rendered)
     other = build_deployment(svc, plan_for(svc), image="other:1", replicas=1)
     assert starts_rollout(other, rendered)
+    # An older operator's Deployment, without the digest: no rollout is announced for it.
+    older = copy.deepcopy(rendered)
+    del older["metadata"]["annotations"]
+    assert not starts_rollout(other, older)
 
 
 # --- in the reconcile: the Deployment's strategy, the event before, the benchmark's hold ------

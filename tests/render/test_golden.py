@@ -14,7 +14,7 @@ import yaml
 
 from tests.determinism import same_across_processes
 from tests.specs import GOLDEN_CASES, NODES, isvc, plan_for
-from vllm_operator.constants import DEFAULT_SERVING_IMAGE, GPU_RESOURCE
+from vllm_operator.constants import ANNOTATION_TEMPLATE_HASH, DEFAULT_SERVING_IMAGE, GPU_RESOURCE
 from vllm_operator.models import InferenceService
 from vllm_operator.models.inference_service import EffectiveTuning, ResolvedRollout
 from vllm_operator.reconcile.rollout import choose
@@ -29,7 +29,7 @@ def _full_pool_strategy(svc: InferenceService, plan: EffectiveTuning) -> Resolve
     """What Auto resolves to when a change rolls out on NODES with every GPU taken."""
     rendered = build_deployment(svc, plan, image=DEFAULT_SERVING_IMAGE, replicas=1)
     live = copy.deepcopy(rendered)
-    live["metadata"]["annotations"] = {}  # an older template: the apply starts a rollout
+    live["metadata"]["annotations"] = {ANNOTATION_TEMPLATE_HASH: "older"}  # a rollout starts
     taken = [
         {"metadata": {"name": f"other-{n['metadata']['name']}"},
          "spec": {"nodeName": n["metadata"]["name"], "containers": [{"resources": {

@@ -67,8 +67,12 @@ def _hash(deployment: Manifest | None) -> str | None:
 
 def starts_rollout(rendered: Manifest, live: Manifest | None) -> bool:
     """Applying ``rendered`` over ``live`` changes the pod template: a rollout. A live
-    Deployment without the digest (an older operator's) counts as changed."""
-    return live is not None and _hash(live) != _hash(rendered)
+    Deployment without the digest (an older operator's) counts as unchanged: the apply
+    stamps the digest, and a change it carries rolls out with the strategy the Deployment
+    has (a surge pod that cannot be placed still turns it to Replace). Counting it as
+    changed would announce an outage, and read every pod, for every service at upgrade."""
+    before = _hash(live)
+    return live is not None and before is not None and before != _hash(rendered)
 
 
 def rollout_under_way(live: Manifest | None) -> bool:
@@ -143,8 +147,7 @@ def _ended(pod: Manifest) -> bool:
 
 def _free(node: Manifest, bound: Sequence[Manifest]) -> dict[str, Decimal]:
     allocatable = {
-        k: _quantity(v)
-        for k, v in ((node.get("status") or {}).get("allocatable") or {}).items()
+        k: _quantity(v) for k, v in ((node.get("status") or {}).get("allocatable") or {}).items()
     }
     for pod in bound:
         for name, value in _requests(pod.get("spec") or {}).items():
