@@ -362,3 +362,29 @@ async def test_a_running_benchmark_holds_a_rollout_until_forced() -> None:
     await _pass(api)
     assert api.objects[DEPLOYMENT_KEY]["spec"]["template"] != before
     assert not api.objects[SERVICE_KEY]["status"]["rollout"]["message"].startswith("Held")
+
+
+async def test_an_operator_that_may_not_list_every_pod_surges_and_says_why() -> None:
+    """The chart's watchNamespaces binds the pod permissions in those namespaces only."""
+    from vllm_operator.k8s.api import ApiError
+
+    api, _ = _cluster(1)
+    await _pass(api)
+    _settle(api)
+    api.fail[("list", "Pod")] = ApiError(403, "Forbidden", "pods is forbidden at the cluster scope")
+    listed = api.list
+
+    async def namespaced_only(api_version: str, kind: str, namespace: Any = None, **kw: Any) -> Any:
+        if kind == "Pod" and namespace is not None:
+            return [
+                o for (av, k, ns, _), o in api.objects.items() if k == "Pod" and ns == namespace
+            ]
+        return await listed(api_version, kind, namespace, **kw)
+
+    api.list = namespaced_only
+    _change(api, tuning={"overrides": {"max-model-len": "2048"}})
+    await _pass(api)
+    assert rollout_strategy(api.objects[DEPLOYMENT_KEY]) == "Surge"
+    message = api.objects[SERVICE_KEY]["status"]["rollout"]["message"]
+    assert message.startswith("Auto: Surge, the room on the nodes is unknown"), message
+    assert "pods is forbidden at the cluster scope" in message

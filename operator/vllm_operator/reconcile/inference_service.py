@@ -597,8 +597,18 @@ async def _rollout(
     if at is None:
         return decision, None
     rendered, live = decision.children[at], snap.live_deployment
-    # The cluster's pods are read only when a rollout starts or runs under Auto.
-    pods = await api.list("v1", "Pod") if room_needed(isvc, rendered, live) else None
+    # The cluster's pods are read only in the pass that starts a rollout under Auto. An
+    # operator limited to some namespaces (the chart's watchNamespaces) may not list them
+    # all: it surges then, and a surge pod that cannot be placed turns it to Replace.
+    pods: list[Manifest] | None = None
+    unreadable: str | None = None
+    if room_needed(isvc, rendered, live):
+        try:
+            pods = await api.list("v1", "Pod")
+        except ApiError as err:
+            if err.transient:
+                raise
+            unreadable = str(err)[:300]
     before = isvc.status.rollout if isvc.status else None
     choice = choose(
         isvc,
@@ -609,6 +619,7 @@ async def _rollout(
         cluster_pods=pods,
         service_pods=snap.pods,
         stored=(before.strategy, before.message) if before else None,
+        unreadable=unreadable,
     )
     children = list(decision.children)
     benchmark = decision.scale_down_blocked_by

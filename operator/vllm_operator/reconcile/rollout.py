@@ -245,10 +245,12 @@ def choose(
     cluster_pods: Sequence[Manifest] | None,
     service_pods: Sequence[Manifest],
     stored: tuple[ResolvedRollout, str] | None,
+    unreadable: str | None = None,
 ) -> RolloutChoice:
     """The strategy this pass renders, and why. ``cluster_pods``: every pod of the cluster
     (None when not read: no rollout starts, see :func:`room_needed`);
-    ``stored``: what status.rollout said last."""
+    ``stored``: what status.rollout said last; ``unreadable``: why the cluster's pods
+    could not be read (an operator limited to some namespaces may not list them all)."""
     starts = starts_rollout(rendered, live)
     replicas = isvc.spec.replicas
     spec = isvc.spec.rollout
@@ -272,6 +274,14 @@ def choose(
         if stuck is not None:
             strategy = "Replace"
             message = f"Auto: Replace, the surge {stuck}"
+    elif unreadable is not None:
+        # The room is unknown: surge, and let a surge pod that cannot be placed turn the
+        # rollout to Replace (the branch above, in the passes that follow).
+        strategy = "Surge"
+        message = (
+            f"Auto: Surge, the room on the nodes is unknown (the cluster's pods could not be "
+            f"read: {unreadable}); a surge pod that cannot be scheduled turns it to Replace"
+        )
     else:
         node, said = room(isvc, tuning, rendered, nodes, cluster_pods or [], service_pods)
         strategy = "Surge" if node is not None else "Replace"
