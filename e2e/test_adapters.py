@@ -148,6 +148,7 @@ def test_adapters_are_added_and_removed_on_a_running_server_without_a_restart(
     share = _restricted_pod("operator-share", real_images.operator, [],
                             requests={"cpu": "50m"}, limits={"memory": "64Mi"})  # fmt: skip
     share["spec"]["containers"][0]["command"] = ["python", "-c", "import time; time.sleep(86400)"]
+    share["spec"]["terminationGracePeriodSeconds"] = 1  # PID 1 python ignores SIGTERM
     cluster.apply(share, namespace=ns)
     doc: dict[str, Any] = yaml.safe_load(SAMPLE.read_text())
     doc["metadata"]["name"] = NAME

@@ -86,6 +86,9 @@ def _start_hub(cluster: ClusterHandle, ns: str, image: str) -> None:
                 "kind": "Pod",
                 "metadata": {"name": "hub", "labels": labels},
                 "spec": {
+                    # python3 as PID 1 ignores SIGTERM: without this the namespace's deletion
+                    # waits out the default 30 s grace period.
+                    "terminationGracePeriodSeconds": 1,
                     "containers": [
                         {
                             "name": "hub",
