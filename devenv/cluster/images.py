@@ -249,10 +249,17 @@ def build_pause() -> str:
         return _build(tag, Path(tmp), IMAGES / "pause" / "Containerfile")
 
 
+# Every Python process of the image asks Linux for AMX tile state first (the file's
+# docstring says why): without it an eager CPU vLLM on a CPU with AMX dies of SIGILL on
+# its first request (a ModelCache service without warmup, on this repo's Xeon machines).
+AMX_SITECUSTOMIZE = REPO / "devenv" / "amx_permission" / "sitecustomize.py"
+
+
 def build_vllm(python: str) -> str:
     version = vllm_version()
     src = IMAGES / "vllm-cpu"
     inputs = [*src.iterdir(), VLLM_SCRIPT, TINY_MODEL_SCRIPT, TINY_ADAPTER_SCRIPT]
+    inputs.append(AMX_SITECUSTOMIZE)
     tag = f"localhost/vllm-openai-cpu:v{version}-{_files_digest(inputs, python)}"
     if exists(tag):
         return tag
