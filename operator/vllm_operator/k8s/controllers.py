@@ -356,7 +356,7 @@ MODEL_CACHE_CONTROLLER: Final = Controller(
         Permission(SECRET, ("get",), "The Hub token the download Job is given."),
         Permission(
             JOB,
-            ("get", "watch", "create", "patch", "delete"),
+            ("get", "list", "watch", "create", "patch", "delete"),
             "The download Job, applied, watched, and deleted to start over.",
         ),
         Permission(POD, ("list",), "The download Job's pod, for why it failed."),
