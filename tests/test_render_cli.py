@@ -261,7 +261,7 @@ def test_the_yaml_explains_the_plan_and_what_was_assumed(
     assert code == 0
     head, *docs = out.split("\n---\n")
     assert "# vllm-operator render: InferenceService qwen-small" in head
-    assert "rollout: Auto resolved to Surge" in head and "first apply" in head
+    assert "rollout: Surge (Auto: the first pods, nothing to replace; first apply" in head
     assert "ownerReferences: left out" in head
     assert "namespace: none given" in head
     deployment = docs[-1]

@@ -273,8 +273,7 @@ def _header(preview: Preview, profile: GPUProfile, args: argparse.Namespace) -> 
     ns = isvc.metadata.namespace
     where = f"{ns}/{isvc.metadata.name}" if ns else isvc.metadata.name
     lines = _wrap(
-        f"vllm-operator render: InferenceService {where}: the objects the operator applies, "
-        "in its order"
+        f"vllm-operator render: InferenceService {where}: what the operator applies, in order"
     )
     lines += _wrap(f"GPUs: {profile.describe()} per node", more="    ")
     lines += ["assumed (nothing was read from a cluster):"]

@@ -188,8 +188,8 @@ def first_apply(
     decision, rollout = decide_rollout(served, decision, snap, cluster_pods=None)
     if rollout is not None:
         assumed.append(
-            f"rollout: {served.spec.rollout} resolved to {rollout.strategy} ({rollout.message}): "
-            "first apply assumed, no live Deployment or pods read"
+            f"rollout: {rollout.strategy} ({rollout.message}; first apply assumed: no live "
+            "Deployment or pods read)"
         )
     image = served.spec.image or settings.default_image
     return Preview(served, planned, decision, rollout, size, image, assumed, unselected)
