@@ -292,6 +292,23 @@ def test_nothing_fits_exits_1_with_the_tuners_reason(
     assert "[Quantize]" in err
 
 
+def test_a_model_of_unknown_shape_is_rendered_from_the_spec_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    body = {**BASE, "spec": {"model": {"source": {"huggingFace": {"repo": "acme/private"}}},
+                             "gpu": {"count": 2}}}  # fmt: skip
+    path = tmp_path / "isvc.yaml"
+    path.write_text(yaml.safe_dump(body))
+    code, out, err = run(capsys, "-f", str(path), *_flags(H100X8))
+    assert code == 0
+    assert "not planned: the model's architecture is unknown" in err
+    assert "planned by the spec alone" in out
+    container = [d for d in yaml.safe_load_all(out) if d][-1]["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    assert container["args"][container["args"].index("--tensor-parallel-size") + 1] == "2"
+
+
 def test_a_node_selector_the_shape_contradicts_is_named(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

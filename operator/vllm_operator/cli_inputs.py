@@ -35,6 +35,7 @@ __all__ = [
     "gpu_profile",
     "network_labels",
     "positive",
+    "read_documents",
     "read_service",
     "read_yaml",
 ]
@@ -79,14 +80,19 @@ def add_gpu_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGrou
     return hw
 
 
+def read_documents(path: str) -> list[Any]:
+    """The documents of a YAML file, empty ones left out."""
+    try:
+        return [d for d in yaml.safe_load_all(Path(path).read_text()) if d is not None]
+    except (OSError, yaml.YAMLError) as exc:
+        raise InputError(f"cannot read {path}: {exc}") from exc
+
+
 def read_yaml(path: str, kind: str) -> Any:
     """The document of ``kind`` in a YAML file of one or more documents (a manifest file
     often holds a Secret or a Namespace beside the object); a file of one document is
     returned as it is, for the models to say what is wrong with it."""
-    try:
-        docs = [d for d in yaml.safe_load_all(Path(path).read_text()) if d is not None]
-    except (OSError, yaml.YAMLError) as exc:
-        raise InputError(f"cannot read {path}: {exc}") from exc
+    docs = read_documents(path)
     if len(docs) == 1:
         return docs[0]
     found = [d for d in docs if isinstance(d, dict) and d.get("kind") == kind]

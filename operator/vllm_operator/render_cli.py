@@ -34,10 +34,8 @@ import sys
 import textwrap
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, Final, TextIO
 
-import yaml
 from pydantic import ValidationError
 
 from vllm_operator.cli_inputs import (
@@ -46,6 +44,7 @@ from vllm_operator.cli_inputs import (
     gpu_node,
     gpu_profile,
     network_labels,
+    read_documents,
     read_service,
     read_yaml,
 )
@@ -148,13 +147,9 @@ def _cache(args: argparse.Namespace, isvc: InferenceService) -> Manifest | None:
     name = cache_name_of(isvc)
     if name is None:
         return None
-    try:
-        docs = list(yaml.safe_load_all(Path(args.service).read_text()))
-    except (OSError, yaml.YAMLError) as exc:  # pragma: no cover - read once already
-        raise InputError(f"cannot read {args.service}: {exc}") from exc
     found = [
         d
-        for d in docs
+        for d in read_documents(args.service)
         if isinstance(d, dict)
         and d.get("kind") == KIND_MODEL_CACHE
         and (d.get("metadata") or {}).get("name") == name

@@ -63,8 +63,6 @@ class Preview:
     planned: PlanOutcome
     decision: Decision
     rollout: RolloutChoice | None
-    # How many nodes of the shape the snapshot held.
-    nodes: int
     # The serving image: the spec's, else the operator's default.
     image: str
     # What was assumed of the cluster, in words, one line each.
@@ -192,4 +190,4 @@ def first_apply(
             "Deployment or pods read)"
         )
     image = served.spec.image or settings.default_image
-    return Preview(served, planned, decision, rollout, size, image, assumed, unselected)
+    return Preview(served, planned, decision, rollout, image, assumed, unselected)
