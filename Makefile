@@ -118,7 +118,7 @@ format: venv ## Format the code with ruff.
 	$(BIN)/ruff check --fix operator tests e2e devenv
 
 .PHONY: generate
-generate: venv ## Regenerate every generated file (CRDs and the chart's copy, docs/reference.md, Argo CD's patch, the agent's manifests and test answer files).
+generate: venv ## Regenerate every generated file (CRDs and the chart's copy, the chart's RBAC, docs/reference.md, Argo CD's patch, the agent's manifests and test answer files).
 	$(PY) scripts/generate.py
 
 .PHONY: crds

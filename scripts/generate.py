@@ -9,7 +9,8 @@ docs/reference.md (from the CRDs), Argo CD's argocd-cm patch (from the Lua healt
 in deploy/argocd/health/), the node agent's manifests in deploy/agent/ (from
 agent/manifests.py), and the agent tests' NVML answer files (from
 tests/agent/answer_sets.py; the ones recorded on real GPUs, under h200/, are not
-generated), and the chart's README (its values table, from values.yaml's comments).
+generated), the chart's README (its values table, from values.yaml's comments), and the
+chart's RBAC (from the controller table, operator/vllm_operator/k8s/controllers.py).
 """
 
 from __future__ import annotations
@@ -69,6 +70,11 @@ def _chart_readme() -> dict[str, str]:
     return files
 
 
+def _chart_rbac() -> dict[str, str]:
+    files: dict[str, str] = _script("scripts/chart_rbac.py").render()
+    return files
+
+
 # (folder, glob of what it holds that is generated, renderer of {file name: text}). A
 # folder whose glob is set owns every file it matches: one the renderer no longer makes
 # is stale too.
@@ -80,6 +86,7 @@ TARGETS: tuple[tuple[str, str | None, Callable[[], dict[str, str]]], ...] = (
     ("deploy/agent", "*.yaml", _agent),
     ("tests/agent/fixtures", "*.yaml", _agent_fixtures),
     ("charts/vllm-operator", None, _chart_readme),
+    ("charts/vllm-operator/templates", None, _chart_rbac),
 )
 
 

@@ -262,7 +262,6 @@ def test_the_agent_is_off_by_default_and_takes_its_own_image_and_namespace() -> 
 NAMESPACED_RULES = [
     (("inference.vllm-operator.dev",), ("inferenceservices",), ("get", "list", "watch")),
     (("inference.vllm-operator.dev",), ("inferenceservices/status",), ("patch",)),
-    (("inference.vllm-operator.dev",), ("inferenceservices/scale",), ("get", "patch")),
     (("apps",), ("deployments",), ("get", "list", "watch", "create", "patch")),
     (
         ("leaderworkerset.x-k8s.io",),
@@ -280,19 +279,20 @@ NAMESPACED_RULES = [
 UPCOMING_RULES = [
     (("batch",), ("jobs",), ("get", "list", "watch", "create", "patch", "delete")),
     (("",), ("pods/status",), ("patch",)),
-    (("",), ("pods/eviction",), ("create",)),
     (
         ("autoscaling",),
         ("horizontalpodautoscalers",),
         ("get", "list", "watch", "create", "patch", "delete"),
     ),
+    (("inference.vllm-operator.dev",), ("inferencebenchmarks",), ("get", "list", "watch")),
+    (("inference.vllm-operator.dev",), ("inferencebenchmarks/status",), ("patch",)),
+    (("",), ("pods/eviction",), ("create",)),
     (("",), ("configmaps",), ("get", "list", "watch", "create", "update", "patch", "delete")),
     (("",), ("serviceaccounts",), ("create", "patch")),
     (("rbac.authorization.k8s.io",), ("roles", "rolebindings"), ("create", "patch")),
-    (("inference.vllm-operator.dev",), ("inferencebenchmarks",), ("get", "list", "watch")),
-    (("inference.vllm-operator.dev",), ("inferencebenchmarks/status",), ("patch",)),
     (("inference.vllm-operator.dev",), ("modelcaches",), ("get", "list", "watch", "patch")),
     (("inference.vllm-operator.dev",), ("modelcaches/status",), ("patch",)),
+    (("inference.vllm-operator.dev",), ("inferenceservices/scale",), ("get", "patch")),
 ]
 CLUSTER_RULES = [
     (("",), ("nodes",), ("list", "watch")),

@@ -84,6 +84,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 # Components that bring their own subcommand: (name, module with add_parser()).
 _COMPONENTS = (
     ("tune", "vllm_operator.tune_cli"),
+    ("render", "vllm_operator.render_cli"),
     ("agent", "vllm_operator.agent.cli"),
     ("warmup", "vllm_operator.warmup.cli"),
     ("bench", "vllm_operator.bench.cli"),

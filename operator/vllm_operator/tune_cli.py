@@ -25,7 +25,6 @@ inputs. Exit status: 0 a plan fits, 1 nothing fits (or the model's shape is unkn
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import sys
@@ -37,17 +36,17 @@ from typing import Any, Final, Literal, TextIO
 import yaml
 from pydantic import ValidationError
 
-from vllm_operator.constants import (
-    DEFAULT_SERVING_IMAGE,
-    NODE_LABEL_GPUDIRECT_RDMA,
-    NODE_LABEL_NETWORK,
-    NODE_LABEL_NETWORK_GBPS,
+from vllm_operator.cli_inputs import (
+    InputError,
+    add_gpu_arguments,
+    gpu_profile,
+    positive,
+    read_service,
 )
-from vllm_operator.models.gpu_node import GPUNode
+from vllm_operator.constants import DEFAULT_SERVING_IMAGE
 from vllm_operator.models.inference_service import (
     HuggingFaceSource,
     ImageSource,
-    InferenceService,
     InferenceServiceSpec,
     ModelSource,
     ModelSpec,
@@ -64,9 +63,8 @@ from vllm_operator.releases.version import (
     Version,
     deployed_version,
 )
-from vllm_operator.tuning import catalog, gpus
+from vllm_operator.tuning import catalog
 from vllm_operator.tuning.architecture import ArchitectureError, from_config, missing_keys
-from vllm_operator.tuning.network import network_from_labels
 from vllm_operator.tuning.plan import plan, spec_only
 from vllm_operator.tuning.release import for_release, release_problem
 from vllm_operator.tuning.request import resolve_model
@@ -93,21 +91,6 @@ _METHODS: Final[dict[str, QuantizationMethod]] = {
 }
 
 
-class InputError(ValueError):
-    """A flag or file the command cannot use; the message says which and why."""
-
-
-def _positive(text: str) -> int:
-    """An argparse type: a whole number of at least 1 (argparse names the flag)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
-
-
 def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add ``tune``'s arguments to ``parser``."""
     parser.add_argument(
@@ -122,25 +105,7 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         metavar="FILE",
         help="an InferenceService manifest: its model, workload, SLO, tuning and node settings",
     )
-    hw = parser.add_argument_group("GPUs")
-    hw.add_argument("--gpu", help=f"GPU product ({', '.join(gpus.names())}, or a node label)")
-    hw.add_argument("--count", type=_positive, default=1, help="GPUs on the node (default: 1)")
-    hw.add_argument(
-        "--interconnect",
-        help="nvlink, pcie (through a host bridge), or pix/pxb/phb/node/sys "
-        "(default: nvlink for NVLink parts, else pcie)",
-    )
-    hw.add_argument("--gpu-memory", type=_positive, metavar="MIB", help="memory per GPU, MiB")
-    hw.add_argument("--gpu-node", metavar="FILE", help="a GPUNode manifest (uses its status)")
-    hw.add_argument(
-        "--network",
-        choices=["infiniband", "roce", "ethernet"],
-        help="the network between nodes, for a model no single node holds (default: ethernet)",
-    )
-    hw.add_argument("--network-gbps", type=_positive, metavar="GBPS", help="a node's NIC rate")
-    hw.add_argument(
-        "--gpudirect-rdma", action="store_true", help="the NICs read GPU memory directly"
-    )
+    hw = add_gpu_arguments(parser)
     hw.add_argument("--gpus-per-replica", default="auto", help="GPUs per replica: auto or a number")
     m = parser.add_argument_group("model")
     m.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
@@ -149,16 +114,16 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         choices=sorted(_METHODS),
         help="how the checkpoint is quantized (default: from config.json or the name)",
     )
-    m.add_argument("--bits", type=_positive, help="bits per weight (GPTQ, AWQ, GGUF)")
-    m.add_argument("--group-size", type=_positive, help="quantization group size")
+    m.add_argument("--bits", type=positive, help="bits per weight (GPTQ, AWQ, GGUF)")
+    m.add_argument("--group-size", type=positive, help="quantization group size")
     w = parser.add_argument_group("workload (tokens)")
     for which in ("prompt", "output"):
         for stat in ("p50", "p99", "max"):
-            w.add_argument(f"--{which}-{stat}", type=_positive, metavar="N")
-    w.add_argument("--peak-concurrency", type=_positive, metavar="N", help="requests in flight")
-    w.add_argument("--replicas", type=_positive, default=1, help="replicas sharing the peak")
-    w.add_argument("--ttft-p99-ms", type=_positive, metavar="MS", help="TTFT P99 objective")
-    w.add_argument("--tpot-p99-ms", type=_positive, metavar="MS", help="TPOT P99 objective")
+            w.add_argument(f"--{which}-{stat}", type=positive, metavar="N")
+    w.add_argument("--peak-concurrency", type=positive, metavar="N", help="requests in flight")
+    w.add_argument("--replicas", type=positive, default=1, help="replicas sharing the peak")
+    w.add_argument("--ttft-p99-ms", type=positive, metavar="MS", help="TTFT P99 objective")
+    w.add_argument("--tpot-p99-ms", type=positive, metavar="MS", help="TPOT P99 objective")
     t = parser.add_argument_group("tuning")
     t.add_argument(
         "--profile", choices=["Balanced", "Latency", "Throughput", "FastStart"], default=None
@@ -238,26 +203,6 @@ def _overrides(pairs: Sequence[str]) -> dict[str, str]:
     return result
 
 
-def _read_yaml(path: str, kind: str) -> Any:
-    """The document of ``kind`` in a YAML file of one or more documents (a manifest file
-    often holds a Secret or a Namespace beside the object); a file of one document is
-    returned as it is, for the models to say what is wrong with it."""
-    try:
-        docs = [d for d in yaml.safe_load_all(Path(path).read_text()) if d is not None]
-    except (OSError, yaml.YAMLError) as exc:
-        raise InputError(f"cannot read {path}: {exc}") from exc
-    if len(docs) == 1:
-        return docs[0]
-    found = [d for d in docs if isinstance(d, dict) and d.get("kind") == kind]
-    if len(found) != 1:
-        kinds = ", ".join(str(d.get("kind")) if isinstance(d, dict) else "?" for d in docs)
-        raise InputError(
-            f"{path} has {len(found)} {kind} documents among {len(docs)} ({kinds}); "
-            f"give a file with one {kind}"
-        )
-    return found[0]
-
-
 def _load_config(model: str) -> dict[str, Any] | None:
     """config.json from a folder or file path; None when ``model`` is not a path."""
     path = Path(model)
@@ -321,59 +266,13 @@ def _model_spec(args: argparse.Namespace, base: ModelSpec | None) -> tuple[Model
     return base.model_copy(update=updates), name or base.name or "model"
 
 
-def _gpu_profile(args: argparse.Namespace) -> gpus.GPUProfile:
-    """The node's GPUs, with the network to other nodes as the flags give it (the labels
-    a node would carry: tuning/network.py)."""
-    labels = {
-        NODE_LABEL_NETWORK: args.network or "",
-        NODE_LABEL_NETWORK_GBPS: str(args.network_gbps or ""),
-        NODE_LABEL_GPUDIRECT_RDMA: "true" if args.gpudirect_rdma else "false",
-    }
-    network = network_from_labels({k: v for k, v in labels.items() if v})
-    return dataclasses.replace(_gpus(args), network=network)
-
-
-def _gpus(args: argparse.Namespace) -> gpus.GPUProfile:
-    if args.gpu_node:
-        data = _read_yaml(args.gpu_node, "GPUNode")
-        try:
-            node = GPUNode.model_validate(data)
-        except ValidationError as exc:
-            raise InputError(f"{args.gpu_node} is not a GPUNode: {exc}") from exc
-        profile = (
-            gpus.profile_from_gpu_node(node.status, node=node.metadata.name)
-            if node.status
-            else None
-        )
-        if profile is None:
-            raise InputError(f"{args.gpu_node}: its status lists no GPUs")
-        return profile
-    if not args.gpu:
-        raise InputError("give --gpu PRODUCT (with --count, --interconnect) or --gpu-node FILE")
-    if args.count < 1 or args.count > 64:
-        raise InputError("--count must be between 1 and 64")
-    try:
-        return gpus.profile_from_product(
-            args.gpu, args.count, interconnect=args.interconnect, memory_mib=args.gpu_memory
-        )
-    except gpus.UnknownInterconnect as exc:
-        raise InputError(str(exc)) from exc
-    except ValueError as exc:
-        raise InputError(f"{exc} (known: {', '.join(gpus.names())}; or give --gpu-memory)") from exc
-
-
 def tune(args: argparse.Namespace) -> tuple[TuningResult, ModelInput | None]:
     """Run the planner on parsed arguments (no printing)."""
-    service = None
-    if args.service:
-        try:
-            service = InferenceService.model_validate(_read_yaml(args.service, "InferenceService"))
-        except ValidationError as exc:
-            raise InputError(f"{args.service} is not an InferenceService: {exc}") from exc
+    service = read_service(args.service) if args.service else None
     spec = service.spec if service else None
     model_spec, name = _model_spec(args, spec.model if spec else None)
     config = _load_config(args.model) if args.model else None
-    profile = _gpu_profile(args)
+    profile = gpu_profile(args)
     base_workload = spec.workload if spec else Workload()
     prompt = _distribution(args.prompt_p50, args.prompt_p99, args.prompt_max, "prompt")
     output = _distribution(args.output_p50, args.output_p99, args.output_max, "output")

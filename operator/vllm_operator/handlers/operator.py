@@ -1,11 +1,12 @@
 """Kopf registration: watch events go to the runtime (vllm_operator.runtime), which turns
 them into keys on its work queue; nothing else happens here.
 
-Every InferenceService event that changes more than the autoscaler's own status, every
-event of an object carrying the inference-service label (Deployment, Service,
-PodDisruptionBudget, HorizontalPodAutoscaler, Pod, LeaderWorkerSet), warmup, benchmark
-and lock Jobs, and a periodic resync add the owning object's key; the queue runs the one
-reconcile for it. The same events keep the runtime's caches current.
+What is watched comes from the controller table (k8s/controllers.py), registered by
+:func:`register_watches` when this module is imported: each controller's own kind, each
+labelled watch (an object naming its owner by label: the children, their pods and
+EndpointSlices, warmup, benchmark, lock and download Jobs), and the node caches' kinds.
+Every event of these, and a periodic resync, add the owning object's key; the queue runs
+the one turn for it. The same events keep the runtime's caches current.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final, cast
 
 import httpx
@@ -22,19 +24,23 @@ from prometheus_client import start_http_server
 from vllm_operator.constants import (
     API_VERSION,
     GROUP,
-    LABEL_BENCHMARK,
-    LABEL_LOCK_TARGET,
-    LABEL_MODEL_CACHE,
     LABEL_SERVICE,
-    LABEL_WARMUP_FOR,
     PLURAL_GPU_NODE,
     PLURAL_INFERENCE_BENCHMARK,
     PLURAL_INFERENCE_SERVICE,
     PLURAL_MODEL_CACHE,
-    VERSION,
 )
 from vllm_operator.k8s.api import ApiError
 from vllm_operator.k8s.client import CONNECT_TIMEOUT_SECONDS, KubeClient, load_config
+from vllm_operator.k8s.controllers import (
+    CLUSTER_CACHES,
+    CONTROLLERS,
+    GPU_NODE,
+    NODE,
+    Resource,
+    apiserver_selectors,
+    watches,
+)
 from vllm_operator.runtime.dispatch import Runtime
 from vllm_operator.runtime.health import HealthServer
 from vllm_operator.settings import OperatorSettings
@@ -71,16 +77,23 @@ class EventsOnlyDiffBase(kopf.AnnotationsDiffBaseStorage):
         return kopf.BodyEssence()
 
 
-# The watched resources every object of which carries the inference-service label:
-# (group, version, plural), as the event handlers below register them.
-LABELLED_BY_SERVICE: Final = (
-    ("apps", "v1", "deployments"),
-    ("v1", "services"),
-    ("policy", "v1", "poddisruptionbudgets"),
-    ("autoscaling", "v2", "horizontalpodautoscalers"),
-    ("v1", "pods"),
-    ("discovery.k8s.io", "v1", "endpointslices"),
-    ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets"),
+# The labelled watches the apiserver filters: resource -> the one label its objects carry
+# (k8s/controllers.py derives them from the table).
+_SELECTORS: Final = apiserver_selectors()
+
+
+def _spelled(resource: Resource) -> tuple[str, str] | tuple[str, str, str]:
+    """Kopf's spelling of a resource: (group, version, plural), or (version, plural) for
+    the core group."""
+    return (resource.version, resource.plural) if not resource.group else (
+        resource.group, resource.version, resource.plural
+    )  # fmt: skip
+
+
+# The watched resources every object of which carries the inference-service label, in
+# Kopf's spelling.
+LABELLED_BY_SERVICE: Final = tuple(
+    _spelled(r) for r, label in _SELECTORS.items() if label == LABEL_SERVICE
 )
 
 
@@ -153,8 +166,8 @@ def configure_kopf(settings: kopf.OperatorSettings, *, request_timeout: float) -
     # and Deployment of the cluster to drop them itself (Kopf's handler filters are
     # client-side). Jobs carry one of three labels, which one selector cannot OR: those
     # are filtered by the handlers.
-    for resource in LABELLED_BY_SERVICE:
-        settings.watching.label_selectors[resource] = LABEL_SERVICE
+    for resource, label in _SELECTORS.items():
+        settings.watching.label_selectors[_spelled(resource)] = label
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.watching.connect_timeout = CONNECT_TIMEOUT_SECONDS
@@ -193,62 +206,52 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         await memo.kube.close()
 
 
-@kopf.on.event(GROUP, VERSION, PLURAL_INFERENCE_SERVICE)
-async def inference_service_event(type: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
-    _runtime(memo).on_inference_service(type, dict(body))
+def _own_event(controller: str) -> Callable[..., Awaitable[None]]:
+    async def own_event(type: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
+        _runtime(memo).on_own_event(controller, type, dict(body))
+
+    return own_event
 
 
-# The children, their pods, warmup Jobs, benchmark load Jobs and anyone's lock Jobs name
-# their owner by label; the runtime's store keeps them (runtime/cache.py: WATCHED lists
-# these same watches, and the store answers only what they show).
-@kopf.on.event("apps", "v1", "deployments", labels={LABEL_SERVICE: kopf.PRESENT})
-@kopf.on.event("", "v1", "services", labels={LABEL_SERVICE: kopf.PRESENT})
-@kopf.on.event("policy", "v1", "poddisruptionbudgets", labels={LABEL_SERVICE: kopf.PRESENT})
-@kopf.on.event(
-    "autoscaling", "v2", "horizontalpodautoscalers", labels={LABEL_SERVICE: kopf.PRESENT}
-)
-@kopf.on.event("", "v1", "pods", labels={LABEL_SERVICE: kopf.PRESENT})
-# The Service's EndpointSlices (they carry the Service's labels): Ready waits for one to
-# list a ready endpoint, and their change is the turn that sees it.
-@kopf.on.event("discovery.k8s.io", "v1", "endpointslices", labels={LABEL_SERVICE: kopf.PRESENT})
-# A multi-node service's LeaderWorkerSet (its status counts ready groups). Kopf watches it
-# only where the CRD is installed (it warns once of the unresolved resource otherwise, and
-# starts the watch when the CRD appears); the reconcile reads it from the apiserver, not
-# from the runtime's store, which would never fill without the CRD.
-@kopf.on.event(
-    "leaderworkerset.x-k8s.io", "v1", "leaderworkersets", labels={LABEL_SERVICE: kopf.PRESENT}
-)
-@kopf.on.event("batch", "v1", "jobs", labels={LABEL_WARMUP_FOR: kopf.PRESENT}, id="warmup-job")
-@kopf.on.event("batch", "v1", "jobs", labels={LABEL_BENCHMARK: kopf.PRESENT}, id="load-job")
-@kopf.on.event("batch", "v1", "jobs", labels={LABEL_LOCK_TARGET: kopf.PRESENT}, id="lock-job")
-@kopf.on.event("batch", "v1", "jobs", labels={LABEL_MODEL_CACHE: kopf.PRESENT}, id="download-job")
 async def labelled_event(
     type: str | None, body: kopf.Body, resource: kopf.Resource, memo: Any, **_: Any
 ) -> None:
     _runtime(memo).on_labelled(dict(body), type, resource.kind)
 
 
-@kopf.on.event("", "v1", "nodes")
 async def node_event(type: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
     _runtime(memo).nodes.on_event(type, dict(body))
 
 
-@kopf.on.event(GROUP, VERSION, PLURAL_GPU_NODE)
 async def gpu_node_event(type: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
     _runtime(memo).gpu_nodes.on_event(type, dict(body))
 
 
-@kopf.on.event(GROUP, VERSION, PLURAL_INFERENCE_BENCHMARK)
-async def inference_benchmark_event(
-    type: str | None, name: str, namespace: str | None, body: kopf.Body, memo: Any, **_: Any
-) -> None:
-    target = ((body.get("spec") or {}).get("targetRef") or {}).get("name")
-    _runtime(memo).on_inference_benchmark(namespace, name, target, event=type, body=dict(body))
+_CACHE_EVENTS: Final = {NODE: node_event, GPU_NODE: gpu_node_event}
 
 
-@kopf.on.event(GROUP, VERSION, PLURAL_MODEL_CACHE)
-async def model_cache_event(type: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
-    _runtime(memo).on_model_cache(type, dict(body))
+def register_watches(registry: kopf.OperatorRegistry | None = None) -> None:
+    """One Kopf event handler per watch the controller table declares (into Kopf's
+    default registry unless ``registry``): each controller's own kind, each labelled
+    watch (filtered again client-side by its label: the apiserver's selector is one
+    label per resource, and Jobs carry one of several), and the node caches' kinds."""
+    for controller in CONTROLLERS:
+        if controller.own_events:
+            kopf.on.event(
+                *_spelled(controller.reconciles),
+                id=f"{controller.name}-event",
+                registry=registry,
+            )(_own_event(controller.name))
+    for _, watch in watches():
+        labels = {watch.label: kopf.PRESENT} if watch.label else None
+        kopf.on.event(*_spelled(watch.resource), labels=labels, id=watch.id, registry=registry)(
+            labelled_event
+        )
+    for resource in CLUSTER_CACHES:
+        kopf.on.event(*_spelled(resource), registry=registry)(_CACHE_EVENTS[resource])
+
+
+register_watches()
 
 
 def operator_identity() -> Identity:

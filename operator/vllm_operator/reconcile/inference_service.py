@@ -7,7 +7,9 @@ resume, drift and resync. One pass has three phases, each a section below:
   only the Secret and the PVC a spec names, and objects outside the watches, are read;
 - **decide**: pure functions of the snapshot: the plan, the problems, the replicas a
   benchmark's lock allows, the children to apply, the HPA to remove, the warmups' writes,
-  the last benchmark;
+  the last benchmark; then the Deployment's rollout strategy (:func:`decide_rollout`),
+  after the one read it may need (the cluster's pods, when a rollout starts under Auto).
+  ``vllm-operator render`` runs the same steps offline (reconcile/preview.py);
 - **apply**: server-side apply of what we own (not of a child that is as our last apply
   left it, when nothing we render of it changed), then the whole status computed from
   what was read and applied, written only if it changed; events only on transitions.
@@ -500,6 +502,56 @@ def plan(
     )
 
 
+def _deployment_at(decision: Decision) -> int | None:
+    return next((i for i, c in enumerate(decision.children) if c["kind"] == DEPLOYMENT), None)
+
+
+def decide_rollout(
+    isvc: InferenceService,
+    decision: Decision,
+    snap: Snapshot,
+    *,
+    cluster_pods: list[Manifest] | None,
+    unreadable: str | None = None,
+) -> tuple[Decision, RolloutChoice | None]:
+    """The decision with the Deployment's strategy set, and the choice (None without a
+    Deployment); while a benchmark runs, the decision without the Deployment unless the
+    service is annotated to force the rollout: it is then left as it stands (its replicas
+    too, which the lock keeps from going down). Pure: ``cluster_pods`` are the cluster's
+    pods where :func:`room_needed` had them read (None otherwise), ``unreadable`` why
+    they could not be."""
+    at = _deployment_at(decision)
+    if at is None:
+        return decision, None
+    rendered, live = decision.children[at], snap.live_deployment
+    before = isvc.status.rollout if isvc.status else None
+    choice = choose(
+        isvc,
+        decision.tuning,
+        rendered,
+        live,
+        nodes=snap.view.nodes,
+        cluster_pods=cluster_pods,
+        service_pods=snap.pods,
+        stored=(before.strategy, before.message) if before else None,
+        unreadable=unreadable,
+    )
+    children = list(decision.children)
+    benchmark = decision.scale_down_blocked_by
+    if choice.starts and benchmark is not None and not forced(isvc):
+        del children[at]
+        held = RolloutChoice(
+            choice.strategy,
+            f"Held: InferenceBenchmark {benchmark} is running; the change of the pods rolls "
+            f"out when it ends (or annotate the InferenceService {ANNOTATION_FORCE_ROLLOUT}="
+            f'"true" to roll it out now). {choice.message}'[:1024],
+            held=True,
+        )
+        return replace(decision, children=children), held
+    children[at] = with_strategy(rendered, choice.strategy)
+    return replace(decision, children=children), choice
+
+
 # --- apply ----------------------------------------------------------------------------------
 
 
@@ -591,9 +643,9 @@ async def _rollout(
     api: ClusterAPI, isvc: InferenceService, decision: Decision, snap: Snapshot
 ) -> tuple[Decision, RolloutChoice | None]:
     """The Deployment's strategy (spec.rollout; reconcile/rollout.py), and no rollout at all
-    while a benchmark runs unless the service is annotated to force it: the Deployment is
-    then left as it stands (its replicas too, which the lock keeps from going down)."""
-    at = next((i for i, c in enumerate(decision.children) if c["kind"] == DEPLOYMENT), None)
+    while a benchmark runs unless the service is annotated to force it: the one read it
+    needs, then :func:`decide_rollout`."""
+    at = _deployment_at(decision)
     if at is None:
         return decision, None
     rendered, live = decision.children[at], snap.live_deployment
@@ -609,32 +661,7 @@ async def _rollout(
             if err.transient:
                 raise
             unreadable = str(err)[:300]
-    before = isvc.status.rollout if isvc.status else None
-    choice = choose(
-        isvc,
-        decision.tuning,
-        rendered,
-        live,
-        nodes=snap.view.nodes,
-        cluster_pods=pods,
-        service_pods=snap.pods,
-        stored=(before.strategy, before.message) if before else None,
-        unreadable=unreadable,
-    )
-    children = list(decision.children)
-    benchmark = decision.scale_down_blocked_by
-    if choice.starts and benchmark is not None and not forced(isvc):
-        del children[at]
-        held = RolloutChoice(
-            choice.strategy,
-            f"Held: InferenceBenchmark {benchmark} is running; the change of the pods rolls "
-            f"out when it ends (or annotate the InferenceService {ANNOTATION_FORCE_ROLLOUT}="
-            f'"true" to roll it out now). {choice.message}'[:1024],
-            held=True,
-        )
-        return replace(decision, children=children), held
-    children[at] = with_strategy(rendered, choice.strategy)
-    return replace(decision, children=children), choice
+    return decide_rollout(isvc, decision, snap, cluster_pods=pods, unreadable=unreadable)
 
 
 async def _rollout_events(

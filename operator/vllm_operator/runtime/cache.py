@@ -18,16 +18,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-from vllm_operator.constants import (
-    API_VERSION,
-    KIND_INFERENCE_BENCHMARK,
-    LABEL_BENCHMARK,
-    LABEL_LOCK_TARGET,
-    LABEL_MODEL_CACHE,
-    LABEL_SERVICE,
-    LABEL_WARMUP_FOR,
-)
 from vllm_operator.k8s.api import ClusterAPI
+from vllm_operator.k8s.controllers import store_kinds
 from vllm_operator.models.base import Manifest
 
 
@@ -59,23 +51,11 @@ class ObjectCache:
         return [o for _, o in sorted(self.objects.items())]
 
 
-# The namespaced kinds the operator watches, by kind: the apiVersion, and the labels that
-# put an object in a watch (an object carrying any one of them is watched; None: every
-# object of the kind is). handlers/operator.py registers exactly these watches.
-WATCHED: Final[Mapping[str, tuple[str, tuple[str, ...] | None]]] = {
-    "Deployment": ("apps/v1", (LABEL_SERVICE,)),
-    "Service": ("v1", (LABEL_SERVICE,)),
-    "PodDisruptionBudget": ("policy/v1", (LABEL_SERVICE,)),
-    "HorizontalPodAutoscaler": ("autoscaling/v2", (LABEL_SERVICE,)),
-    "Pod": ("v1", (LABEL_SERVICE,)),
-    # The Service's EndpointSlices: the EndpointSlice controller copies the Service's
-    # labels onto them, so the service's label finds them too.
-    "EndpointSlice": ("discovery.k8s.io/v1", (LABEL_SERVICE,)),
-    # Warmup Jobs, benchmark load Jobs, anyone's Job holding a scale-down lock, and the
-    # ModelCaches' download Jobs.
-    "Job": ("batch/v1", (LABEL_WARMUP_FOR, LABEL_BENCHMARK, LABEL_LOCK_TARGET, LABEL_MODEL_CACHE)),
-    KIND_INFERENCE_BENCHMARK: (API_VERSION, None),
-}
+# The namespaced kinds the store keeps, by kind: the apiVersion, and the labels that put
+# an object in a watch (an object carrying any one of them is watched; None: every object
+# of the kind is). Derived from the controller table (k8s/controllers.py), from which
+# handlers/operator.py registers the same watches.
+WATCHED: Final[Mapping[str, tuple[str, tuple[str, ...] | None]]] = store_kinds()
 
 # (namespace, name)
 Name = tuple[str, str]

@@ -1,10 +1,12 @@
 """What runs on the work queue, and what puts keys on it.
 
-A key is ``(kind, namespace, name)``: ``isvc`` reconciles an InferenceService, ``bench``
-an InferenceBenchmark, ``cache`` a ModelCache, ``scale`` takes one autoscaler reading of
-an InferenceService. The
-watch events (through vllm_operator.handlers) and the periodic resync only add keys;
-``Runtime.work`` runs the one reconcile for a key and says when to come back.
+A key is ``(controller, namespace, name)``, one controller of the table in
+k8s/controllers.py: ``isvc`` reconciles an InferenceService, ``bench`` an
+InferenceBenchmark, ``cache`` a ModelCache, ``scale`` takes one autoscaler reading of an
+InferenceService. The watch events (through vllm_operator.handlers) and the periodic
+resync only add keys; ``Runtime.work``, the one turn for every controller, reads the
+key's object, runs its controller's reconcile (runtime/controllers.py binds each row to
+it) and says when to come back.
 """
 
 from __future__ import annotations
@@ -23,21 +25,19 @@ from typing import Final
 import httpx
 
 from vllm_operator.autoscale.decide import ScalerState
-from vllm_operator.constants import (
-    API_VERSION,
-    KIND_INFERENCE_BENCHMARK,
-    KIND_INFERENCE_SERVICE,
-    KIND_MODEL_CACHE,
-    LABEL_BENCHMARK,
-    LABEL_LOCK_TARGET,
-    LABEL_MODEL_CACHE,
-    LABEL_SERVICE,
-    LABEL_WARMUP_FOR,
-)
+from vllm_operator.constants import API_VERSION, KIND_INFERENCE_BENCHMARK, KIND_INFERENCE_SERVICE
 from vllm_operator.k8s.api import ApiError, ClusterAPI
-from vllm_operator.metrics import CONDITIONS, RECONCILE_SECONDS, RECONCILES
+from vllm_operator.k8s.controllers import (
+    AUTOSCALER_CONTROLLER,
+    INFERENCE_BENCHMARK_CONTROLLER,
+    INFERENCE_SERVICE_CONTROLLER,
+    MODEL_CACHE_CONTROLLER,
+    REPEATS_UNTIL_STALLED,
+    owner_keys,
+)
+from vllm_operator.metrics import RECONCILE_SECONDS, RECONCILES
 from vllm_operator.models.base import Manifest
-from vllm_operator.reconcile.autoscale import autoscale_inference_service, http_scraper
+from vllm_operator.reconcile.autoscale import autoscale_inference_service
 from vllm_operator.reconcile.benchmark import reconcile_inference_benchmark
 from vllm_operator.reconcile.inference_service import (
     AppliedMemo,
@@ -45,31 +45,31 @@ from vllm_operator.reconcile.inference_service import (
     Outcome,
     list_nodes,
     reconcile_inference_service,
-    report_repeated_error,
 )
 from vllm_operator.reconcile.model_cache import reconcile_model_cache
-from vllm_operator.runtime.cache import WATCHED, CachedAPI, ObjectCache, WatchStore
+from vllm_operator.runtime.cache import WATCHED, ObjectCache, WatchStore
+from vllm_operator.runtime.controllers import BINDINGS, PENDING_BENCHMARK_SECONDS, Binding, Key
 from vllm_operator.runtime.health import stuck
 from vllm_operator.runtime.queue import WorkQueue
 from vllm_operator.settings import OperatorSettings
 
+__all__ = [
+    "BENCH",
+    "CACHE",
+    "ISVC",
+    "PENDING_BENCHMARK_SECONDS",
+    "REPEATS_UNTIL_STALLED",
+    "SCALE",
+    "Key",
+    "Runtime",
+]
+
 log = logging.getLogger("vllm_operator")
 
-# (kind, namespace, name) of the object to reconcile.
-Key = tuple[str, str, str]
-ISVC: Final = "isvc"
-BENCH: Final = "bench"
-SCALE: Final = "scale"
-CACHE: Final = "cache"
-# A benchmark waiting for its target or dataset is looked at again this soon.
-PENDING_BENCHMARK_SECONDS: Final = 5.0
-# An internal error (500) that the same service gets this many passes in a row, the same
-# each time, is reported as permanent (ApiServerError) instead of retried for ever: about
-# half a minute of back-off (1 + 2 + 4 + 8 s between the five).
-REPEATS_UNTIL_STALLED: Final = 5
-
-_KIND_OF: Final = {ISVC: KIND_INFERENCE_SERVICE, BENCH: KIND_INFERENCE_BENCHMARK,
-                   SCALE: KIND_INFERENCE_SERVICE, CACHE: KIND_MODEL_CACHE}  # fmt: skip
+ISVC: Final = INFERENCE_SERVICE_CONTROLLER.name
+BENCH: Final = INFERENCE_BENCHMARK_CONTROLLER.name
+SCALE: Final = AUTOSCALER_CONTROLLER.name
+CACHE: Final = MODEL_CACHE_CONTROLLER.name
 
 ServiceReconcile = Callable[..., Awaitable[Outcome]]
 BenchmarkReconcile = Callable[..., Awaitable[str]]
@@ -230,35 +230,36 @@ class Runtime:
     # ------------------------------------------------------------------ a key's turn
 
     async def work(self, key: Key) -> float | None:
-        """One reconcile for ``key``; the delay after which to run it again, or None.
+        """One turn of ``key``'s controller; the delay after which to run it again, or None.
 
-        A failed API request (the apiserver away, a timeout, a 5xx) is one log line with
-        the object and the error, then a retry with back-off; a traceback is for an
-        exception nobody expected (the queue logs those)."""
-        kind, namespace, name = key
+        The key's object is read first: one gone, or going (unless the controller
+        reconciles objects being deleted: a ModelCache's finalizer is ours to remove),
+        ends the key. A failed API request (the apiserver away, a timeout, a 5xx) is one
+        log line with the object and the error, then a retry with back-off; a traceback
+        is for an exception nobody expected (the queue logs those)."""
+        binding = BINDINGS[key[0]]
+        kind = binding.controller.reconciles.kind
+        _, namespace, name = key
         try:
-            if kind == BENCH:
-                again = await self._work_benchmark(key)
-            elif kind == CACHE:
-                again = await self._work_cache(key)
-            elif kind == SCALE:
-                again = await self._work_autoscale(key)
-            else:
-                again = await self._work_service(key)
+            body = await self._current(kind, key, deleting=binding.controller.deleting)
+            if body is None:
+                if binding.gone is not None:
+                    binding.gone(self, key)
+                return None
+            return await self._turn(binding, key, body)
         except ApiError as err:
             delay = self._failed(key, err)
             log.warning(
                 "Reading %s %s/%s failed: %s; retrying in %.0f s.",
-                _KIND_OF[kind], namespace, name, err, delay,
+                kind, namespace, name, err, delay,
                 extra={"object": f"{namespace}/{name}", "error": str(err), "delay": delay},
             )  # fmt: skip
             return delay
-        return again
 
     async def _current(self, kind: str, key: Key, *, deleting: bool = False) -> Manifest | None:
         """The object of ``key``, or None (and its back-off forgotten) once it is gone or
         going: its children go with it through garbage collection. ``deleting``: an object
-        being deleted is returned too (a ModelCache's finalizer is ours to remove)."""
+        being deleted is returned too."""
         _, namespace, name = key
         body = await self.api.get(API_VERSION, kind, name, namespace)
         self.unreachable.discard(key)  # this turn is its retry
@@ -268,156 +269,73 @@ class Runtime:
             return None
         return body
 
-    async def _work_service(self, key: Key) -> float | None:
+    async def _turn(self, binding: Binding, key: Key, body: Manifest) -> float | None:
+        """The reconcile of a present object, and what its failure or success makes of
+        the key, as the controller's row says."""
+        controller = binding.controller
+        kind, metric = controller.reconciles.kind, controller.metric
         _, namespace, name = key
-        body = await self._current(KIND_INFERENCE_SERVICE, key)
-        if body is None:
-            self.applied.pop((namespace, name), None)
-            return None
-        with RECONCILE_SECONDS.labels(KIND_INFERENCE_SERVICE).time():
+        timed = RECONCILE_SECONDS.labels(metric).time() if metric else contextlib.nullcontext()
+        with timed:
             try:
-                outcome = await self.reconcile_service(
-                    CachedAPI(self.api, self.store),
-                    body,
-                    settings=self.settings,
-                    view=self.node_view(),
-                    applied=self.applied.setdefault((namespace, name), {}),
-                    http=self.http,
-                )
+                again, result = await binding.run(self, key, body)
             except ApiError as err:
-                if err.namespace_terminating:
-                    # Its namespace is being deleted: the service goes too, and its
+                if controller.gone_namespace and err.namespace_terminating:
+                    # Its namespace is being deleted: the object goes too, and its
                     # DELETED event ends the key; nothing to retry or report.
-                    log.debug("InferenceService %s/%s: its namespace is going.", namespace, name)
+                    log.debug("%s %s/%s: its namespace is going.", kind, namespace, name)
                     self.queue.forget(key)
                     return None
-                if await self._repeated_internal_error(key, body, err):
+                if await self._repeated_internal_error(binding, key, body, err):
                     return None
-                result = "retry" if err.transient else "error"
-                RECONCILES.labels(KIND_INFERENCE_SERVICE, result).inc()
+                result = "retry" if err.transient or not controller.classify else "error"
+                if metric:
+                    RECONCILES.labels(metric, result).inc()
                 delay = self._failed(key, err)
                 # The object and the error in the message itself: the plain log format
                 # prints no extras.
                 log.warning(
-                    "Reconcile of InferenceService %s/%s failed: %s; retrying in %.0f s.",
-                    namespace, name, err, delay,
+                    "%s of %s %s/%s failed: %s; retrying in %.0f s.",
+                    controller.words, kind, namespace, name, err, delay,
                     extra={"object": f"{namespace}/{name}", "error": str(err), "delay": delay},
                 )  # fmt: skip
                 return delay
         self.repeated.pop(key, None)
-        result = "stalled" if outcome.stalled else "ok"
-        RECONCILES.labels(KIND_INFERENCE_SERVICE, result).inc()
-        # The object in the message itself: the plain log format prints no extras.
-        log.debug("Reconciled InferenceService %s/%s: %s.", namespace, name, result)
-        CONDITIONS.labels(KIND_INFERENCE_SERVICE, namespace, name, "Ready", "True").set(
-            1 if outcome.ready else 0
-        )
+        if metric:
+            RECONCILES.labels(metric, result).inc()
         self.queue.forget(key)
-        return None
+        return again
 
-    async def _repeated_internal_error(self, key: Key, body: Manifest, err: ApiError) -> bool:
+    async def _repeated_internal_error(
+        self, binding: Binding, key: Key, body: Manifest, err: ApiError
+    ) -> bool:
         """Whether ``err`` is the same internal error (500) as the key's last
-        ``REPEATS_UNTIL_STALLED - 1`` passes: then it is reported in the status as
+        ``stall_after_repeats - 1`` passes: then it is reported in the status as
         permanent, and the key waits for a change or the resync instead of retrying."""
+        controller = binding.controller
+        if not controller.stall_after_repeats or binding.report_repeated is None:
+            return False
         if err.status != 500:
             self.repeated.pop(key, None)
             return False
         last, times = self.repeated.get(key, ("", 0))
         times = times + 1 if last == str(err) else 1
         self.repeated[key] = (str(err), times)
-        if times < REPEATS_UNTIL_STALLED:
+        if times < controller.stall_after_repeats:
             return False
-        await report_repeated_error(self.api, body, err, times)
-        RECONCILES.labels(KIND_INFERENCE_SERVICE, "stalled").inc()
+        await binding.report_repeated(self.api, body, err, times)
+        if controller.metric:
+            RECONCILES.labels(controller.metric, "stalled").inc()
         del self.repeated[key]
         self.queue.forget(key)
         _, namespace, name = key
         log.warning(
-            "Reconcile of InferenceService %s/%s failed %d times in a row with %s; "
+            "%s of %s %s/%s failed %d times in a row with %s; "
             "stalled until it changes or the next resync.",
-            namespace, name, times, err,
+            controller.words, controller.reconciles.kind, namespace, name, times, err,
             extra={"object": f"{namespace}/{name}", "error": str(err)},
         )  # fmt: skip
         return True
-
-    async def _work_benchmark(self, key: Key) -> float | None:
-        _, namespace, name = key
-        body = await self._current(KIND_INFERENCE_BENCHMARK, key)
-        if body is None:
-            return None
-        with RECONCILE_SECONDS.labels(KIND_INFERENCE_BENCHMARK).time():
-            try:
-                phase = await self.reconcile_benchmark(self.api, body, settings=self.settings)
-            except ApiError as err:
-                RECONCILES.labels(KIND_INFERENCE_BENCHMARK, "retry").inc()
-                delay = self._failed(key, err)
-                log.warning(
-                    "Reconcile of InferenceBenchmark %s/%s failed: %s; retrying in %.0f s.",
-                    namespace, name, err, delay,
-                    extra={"object": f"{namespace}/{name}", "error": str(err), "delay": delay},
-                )  # fmt: skip
-                return delay
-        RECONCILES.labels(KIND_INFERENCE_BENCHMARK, "ok").inc()
-        self.queue.forget(key)
-        return PENDING_BENCHMARK_SECONDS if phase == "Pending" else None
-
-    async def _work_cache(self, key: Key) -> float | None:
-        """A ModelCache's turn; a cache being deleted is reconciled too (its finalizer
-        goes once no service names it)."""
-        _, namespace, name = key
-        body = await self._current(KIND_MODEL_CACHE, key, deleting=True)
-        if body is None:
-            return None
-        with RECONCILE_SECONDS.labels(KIND_MODEL_CACHE).time():
-            try:
-                again = await self.reconcile_cache(
-                    self.api, body, settings=self.settings, http=self.http
-                )
-            except ApiError as err:
-                if err.namespace_terminating:
-                    self.queue.forget(key)
-                    return None
-                RECONCILES.labels(KIND_MODEL_CACHE, "retry").inc()
-                delay = self._failed(key, err)
-                log.warning(
-                    "Reconcile of ModelCache %s/%s failed: %s; retrying in %.0f s.",
-                    namespace, name, err, delay,
-                    extra={"object": f"{namespace}/{name}", "error": str(err), "delay": delay},
-                )  # fmt: skip
-                return delay
-        RECONCILES.labels(KIND_MODEL_CACHE, "ok").inc()
-        self.queue.forget(key)
-        return again
-
-    async def _work_autoscale(self, key: Key) -> float | None:
-        """One autoscaler reading; it schedules the next one itself while autoscaling is on.
-        Its pods and lock Jobs come from the watch store, as the service reconcile's do
-        (the chart's admission policy, not this read, is what refuses a scale-down while
-        a lock Job runs)."""
-        _, namespace, name = key
-        body = await self._current(KIND_INFERENCE_SERVICE, key)
-        if body is None:
-            self.scaling.discard(key)
-            return None
-        try:
-            again = await self.autoscale(
-                CachedAPI(self.api, self.store),
-                body,
-                states=self.scaler_states,
-                scrape=http_scraper(self.http),
-            )
-        except ApiError as err:
-            delay = self._failed(key, err)
-            log.warning(
-                "Autoscaler reading of InferenceService %s/%s failed: %s; retrying in %.0f s.",
-                namespace, name, err, delay,
-                extra={"object": f"{namespace}/{name}", "error": str(err), "delay": delay},
-            )  # fmt: skip
-            return delay
-        self.queue.forget(key)
-        if again is None:
-            self.scaling.discard(key)
-        return again
 
     # ------------------------------------------------------------------ what adds keys
 
@@ -481,6 +399,13 @@ class Runtime:
             await self.refresh_store()
             await self.resync_once()
 
+    def on_own_event(self, controller: str, event: str | None, body: Manifest) -> None:
+        """A watch event of the kind ``controller`` reconciles (its binding says what it
+        adds: runtime/controllers.py)."""
+        on_event = BINDINGS[controller].on_event
+        if on_event is not None:
+            on_event(self, event, body)
+
     def on_inference_service(self, event: str | None, body: Manifest) -> None:
         meta = body.get("metadata") or {}
         namespace, name = meta.get("namespace"), meta.get("name")
@@ -538,13 +463,8 @@ class Runtime:
         namespace, labels = meta.get("namespace"), meta.get("labels") or {}
         if not namespace:
             return
-        for label in (LABEL_SERVICE, LABEL_WARMUP_FOR, LABEL_LOCK_TARGET):
-            if owner := labels.get(label):
-                self.queue.add((ISVC, namespace, owner))
-        if bench := labels.get(LABEL_BENCHMARK):
-            self.queue.add((BENCH, namespace, bench))
-        if cache := labels.get(LABEL_MODEL_CACHE):
-            self.queue.add((CACHE, namespace, cache))
+        for key in owner_keys(labels, namespace):
+            self.queue.add(key)
 
     def on_inference_benchmark(
         self,
