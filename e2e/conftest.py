@@ -30,6 +30,7 @@ from devenv.cluster.components import COMPONENTS
 from devenv.cluster.kubeconfig import CLUSTER_NAME
 from devenv.cluster.processes import ClusterError
 from devenv.cluster.settings import Settings, resolve_binaries
+from e2e.k8s_helpers import delete_namespace
 from e2e.lws_fixtures import lws_controller, lws_crds, lws_dir  # noqa: F401
 
 # The operator's fixtures, registered once for the whole tier. Imported into several test
@@ -180,22 +181,7 @@ def namespace(cluster: ClusterHandle, request: pytest.FixtureRequest) -> Iterato
     yield name
     if _failed(request):
         dump_diagnostics(cluster, request, namespace=name)
-    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
-    # The namespace controller starts on a namespace 5 s after its deletion (a fixed
-    # grace period upstream). Its pods are deleted at once instead, so that they stop
-    # holding GPUs that the next test asks for; a terminating namespace admits no new
-    # pods, so no controller can replace them meanwhile.
-    cluster.kubectl(
-        "delete",
-        "pods",
-        "--all",
-        "-n",
-        name,
-        "--wait=true",
-        "--timeout=60s",
-        check=False,
-        timeout=70,
-    )
+    delete_namespace(cluster, name, timeout=60)
 
 
 @pytest.fixture(autouse=True)

@@ -1,5 +1,5 @@
 """Small helpers the cluster-tier tests share: a poll with a deadline, a status condition,
-and the benchmark lock a test holds by hand."""
+the benchmark lock a test holds by hand, and a namespace's quick teardown."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from devenv.cluster.cluster import ClusterHandle
 from vllm_operator.reconcile.conditions import manifest_condition
 
 # Spelled out, not imported from the operator: a renamed label must fail the tests.
@@ -24,6 +25,31 @@ def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 60) -> An
             return last
         time.sleep(0.3)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+def delete_namespace(
+    cluster: ClusterHandle, name: str, *, wait_gone: bool = False, timeout: int = 120
+) -> None:
+    """Delete a test's namespace, its pods ended after a 1 s grace period.
+
+    The namespace goes first: a terminating namespace admits no new pod, so no controller
+    replaces the ones deleted next. They are deleted at once, not by the namespace
+    controller (which starts 5 s after the deletion, a fixed delay upstream), so that they
+    stop holding the CPU and GPUs the next test asks for; and with a 1 s grace period,
+    since a teardown tests nothing: a vLLM pod's preStop sleep and drain, and python as
+    PID 1 (which ignores SIGTERM), held each teardown for their whole grace period (up to
+    58 s a test on the real node). ``wait_gone`` also waits for the namespace itself, for
+    the fixtures that clean up beside it (volumes, mounts) once it is gone."""
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    cluster.kubectl(
+        "delete", "pods", "--all", "-n", name, "--grace-period=1", "--wait=true",
+        f"--timeout={timeout}s", check=False, timeout=timeout + 10,
+    )  # fmt: skip
+    if wait_gone:
+        cluster.kubectl(
+            "wait", "--for=delete", f"namespace/{name}", f"--timeout={timeout}s",
+            check=False, timeout=timeout + 10,
+        )  # fmt: skip
 
 
 def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from devenv.cluster.cluster import ClusterHandle
 from devenv.cluster.images import Images
 from devenv.cluster.processes import wait_until
 from devenv.dev import install_operator
+from e2e.k8s_helpers import delete_namespace
 from e2e.operator_fixtures import OperatorProcess
 
 OPERATOR_NAMESPACE = "e2e-real-operator"
@@ -68,11 +69,7 @@ def real_namespace(
     for name in made:
         if _failed(request):
             dump_diagnostics(cluster, request, namespace=name)
-        cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
-        cluster.kubectl(
-            "delete", "pods", "--all", "-n", name, "--wait=true", "--timeout=90s",
-            check=False, timeout=100,
-        )  # fmt: skip
+        delete_namespace(cluster, name, timeout=90)
 
 
 def _operator_pods(cluster: ClusterHandle, namespace: str) -> list[dict[str, Any]]:

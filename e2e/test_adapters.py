@@ -28,6 +28,7 @@ from devenv.cluster.cluster import ClusterHandle
 from devenv.cluster.images import Images
 from devenv.cluster.processes import wait_until
 from devenv.dev import answers, service_url
+from e2e.k8s_helpers import condition, delete_namespace
 from e2e.real_node_fixtures import ChartOperator
 from e2e.test_real_node import SAMPLE, _restricted_pod, server_pod
 from vllm_operator.constants import LABEL_SERVICE, LABEL_WARMUP_FOR
@@ -50,21 +51,12 @@ def lora_ns(cluster: ClusterHandle, chart_operator: ChartOperator) -> Iterator[s
     try:
         yield ns
     finally:
-        cluster.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=120s",
-                        check=False, timeout=130)  # fmt: skip
+        delete_namespace(cluster, ns, wait_gone=True, timeout=120)
 
 
 def _service(cluster: ClusterHandle, ns: str) -> dict[str, Any]:
     got: dict[str, Any] = cluster.kubectl_json("get", "vis", NAME, "-n", ns)
     return got
-
-
-def _condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
-    for c in obj.get("status", {}).get("conditions", []):
-        if c["type"] == kind:
-            found: dict[str, Any] = c
-            return found
-    return {}
 
 
 def _identity(cluster: ClusterHandle, ns: str) -> tuple[str, int, int]:
@@ -116,7 +108,7 @@ class _Watch:
                 last_down = now
             got = cluster.kubectl("get", "vis", NAME, "-n", ns, "-o", "json", check=False)
             if got.returncode == 0:
-                reason = _condition(json.loads(got.stdout), "AdaptersLoaded").get("reason")
+                reason = condition(json.loads(got.stdout), "AdaptersLoaded").get("reason")
                 if reason and (not self.reasons or self.reasons[-1] != reason):
                     self.reasons.append(reason)
             if first_down is not None and last_down is not None:
@@ -187,7 +179,7 @@ def test_adapters_are_added_and_removed_on_a_running_server_without_a_restart(
     assert server_pod(cluster, ns, NAME)["metadata"]["name"] != first_pod
     wait_until(
         "AdaptersLoaded=True",
-        lambda: _condition(_service(cluster, ns), "AdaptersLoaded").get("status") == "True",
+        lambda: condition(_service(cluster, ns), "AdaptersLoaded").get("status") == "True",
         120,
     )
     before = _identity(cluster, ns)
@@ -222,7 +214,7 @@ def test_adapters_are_added_and_removed_on_a_running_server_without_a_restart(
     tone = _completion(url, "tone")
     assert tone[0] == 200 and tone not in (base, sql), tone
     assert _identity(cluster, ns) == before
-    assert _condition(_service(cluster, ns), "AdaptersLoaded")["status"] == "True"
+    assert condition(_service(cluster, ns), "AdaptersLoaded")["status"] == "True"
 
     # Removed: unloaded from the server, which then refuses the name.
     _patch_adapters(cluster, ns, [_adapter("tone", "tiny-lora-b")])
@@ -261,9 +253,9 @@ def test_adapters_are_added_and_removed_on_a_running_server_without_a_restart(
     assert "No adapter found for" in status["missing"]["message"]
     assert status["missing"]["path"] == "/opt/adapters/none"
     assert status["tone"]["loadedReplicas"] == 1 and status["tone"].get("message") is None
-    loaded = _condition(service, "AdaptersLoaded")
+    loaded = condition(service, "AdaptersLoaded")
     assert loaded["status"] == "False" and loaded["reason"] == "AdapterRankTooLarge", loaded
-    assert _condition(service, "Ready")["status"] == "True", "the base model still serves"
+    assert condition(service, "Ready")["status"] == "True", "the base model still serves"
     assert _completion(url, "tone") == tone
     after = _identity(cluster, ns)
     print(f"after: server pod uid {after[0]}, restarts {after[1]}, generation {after[2]}")

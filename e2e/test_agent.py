@@ -23,6 +23,7 @@ import yaml
 
 from devenv.cluster.cluster import ClusterHandle
 from devenv.cluster.processes import wait_until
+from e2e.k8s_helpers import condition
 from vllm_operator.agent.manifests import agent_manifests
 from vllm_operator.agent.nvml import read_recorded_calls
 
@@ -106,10 +107,6 @@ def agent_factory(
 def gpunode(cluster: ClusterHandle, name: str) -> dict[str, Any]:
     obj: dict[str, Any] = cluster.kubectl_json("get", "gpunode", name)
     return obj
-
-
-def condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
-    return next(c for c in obj["status"]["conditions"] if c["type"] == kind)
 
 
 def set_policy(cluster: ClusterHandle, name: str, policy: str) -> None:

@@ -104,15 +104,17 @@ def _wait_ready(cluster: ClusterHandle, ns: str, replicas: int) -> None:
     )
 
 
-def _start_burning(cluster: ClusterHandle, real_images: Images, ns: str, name: str) -> None:
+def _start_burning(
+    cluster: ClusterHandle, real_images: Images, ns: str, name: str, seconds: int
+) -> None:
     """A CPU-bound target, and benchmark ``name`` against it whose chaos phase burns half
-    the node's CPUs beside it; returns once the neighbour burns (after the level's 20 s
-    and the plain run's 20 s)."""
+    the node's CPUs beside it; returns once the neighbour burns (after the level's
+    ``seconds`` and the plain run's), which it does for ``seconds`` more."""
     target = _isvc("svc", "cpu", real_images.fault_server, replicas=1,
                    warmup={"enabled": False})  # fmt: skip
     cluster.apply(target, namespace=ns)
     _wait_ready(cluster, ns, 1)
-    bench = _bench(name, "svc", 20)
+    bench = _bench(name, "svc", seconds)
     bench["spec"]["chaos"] = {"ratePerSecond": 2, "noisyNeighbour": {"cpuShare": 0.5}}
     cluster.apply(bench, namespace=ns)
     wait_for(lambda: _neighbour_burning(cluster, ns, name), "the neighbour to burn", timeout=240)
@@ -414,9 +416,12 @@ def test_deleting_a_benchmark_mid_burn_with_the_operator_down_takes_the_neighbou
     the burn) with the benchmark, no operator needed."""
     ns = target_ns
     operator: PodOperator = chart_operator.process
-    _start_burning(cluster, real_images, ns, "gone")
+    # 15 s of burn: the operator's stop (its pod's SIGTERM) takes a few seconds of it.
+    _start_burning(cluster, real_images, ns, "gone", 15)
     operator.stop()
     try:
+        # Mid-burn, or the test would only show a finished Job's garbage collection.
+        assert _neighbour_burning(cluster, ns, "gone"), "the burn ended before the deletion"
         cluster.kubectl("delete", "inferencebenchmark", "gone", "-n", ns, "--wait=false")
         wait_for(
             lambda: (
@@ -475,7 +480,7 @@ def test_a_load_job_that_fails_mid_burn_takes_its_neighbour_with_it(
     """The load Job's pod is killed while the neighbour burns: the Job fails (a benchmark is
     never retried), the benchmark says so, and the operator deletes the neighbour's Job."""
     ns = target_ns
-    _start_burning(cluster, real_images, ns, "dies")
+    _start_burning(cluster, real_images, ns, "dies", 10)
     cluster.kubectl("delete", "pods", "-n", ns, "-l", "job-name=dies-load", "--grace-period=0",
                     "--force")  # fmt: skip
     wait_for(lambda: _phase(cluster, ns, "dies") == "Failed", "the benchmark to fail", timeout=120)

@@ -18,7 +18,7 @@ from devenv.ci import skip_or_fail
 from devenv.cluster import nodes as fake_nodes
 from devenv.cluster.cluster import ClusterHandle
 from devenv.cluster.processes import wait_until
-from e2e.k8s_helpers import ready_addresses
+from e2e.k8s_helpers import condition, ready_addresses
 
 pytestmark = pytest.mark.cluster
 
@@ -38,13 +38,6 @@ def _shapes_or_skip(cluster: ClusterHandle) -> list[fake_nodes.NodeShape]:
 def _pod_cidr(cluster: ClusterHandle) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
     assert cluster.settings is not None
     return ipaddress.ip_network(cluster.settings.pod_cidr)
-
-
-def _condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
-    for c in obj.get("status", {}).get("conditions", []):
-        if c["type"] == kind:
-            return dict(c)
-    return None
 
 
 def _pod(name: str, **spec: Any) -> dict[str, Any]:
@@ -102,8 +95,7 @@ def test_fake_nodes_report_gpu_capacity_and_labels(cluster: ClusterHandle) -> No
     for shape in shapes:
         node = by_name[shape.name]
         labels = node["metadata"]["labels"]
-        ready = _condition(node, "Ready")
-        assert ready is not None and ready["status"] == "True", shape.name
+        assert condition(node, "Ready").get("status") == "True", shape.name
         assert node["status"]["allocatable"]["cpu"] == shape.cpu
         if shape.gpu is None:
             assert fake_nodes.GPU_RESOURCE not in node["status"]["capacity"]
@@ -257,11 +249,11 @@ def test_readiness_gate_holds_pod_unready_until_its_condition_is_true(
     )
     assert held.returncode != 0, "pod became Ready with its readiness gate unmet"
     pod = cluster.kubectl_json("get", "pod", "gated", "-n", namespace)
-    ready = _condition(pod, "Ready")
-    assert ready is not None and ready["status"] == "False"
+    ready = condition(pod, "Ready")
+    assert ready.get("status") == "False", ready
     assert ready.get("reason") == "ReadinessGatesNotReady"
     assert GATE in ready.get("message", "")
-    assert _condition(pod, GATE) is None, "nobody but us may write the gate's condition"
+    assert not condition(pod, GATE), "nobody but us may write the gate's condition"
 
     def set_gate(status: str) -> None:
         patch = {"status": {"conditions": [{"type": GATE, "status": status}]}}

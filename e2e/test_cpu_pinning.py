@@ -80,7 +80,8 @@ def _run(
     if pinned:  # the static policy applies an exclusive cpuset as the container starts
         wait_for(lambda: _cpus_allowed(cluster, ns, name) == "1", "an exclusive CPU", timeout=30)
     server_cpus = _cpus_allowed(cluster, ns, name)
-    bench = _bench("noisy", "svc", 20)
+    # 15 s a run at 4 requests/s: 60 requests for each median.
+    bench = _bench("noisy", "svc", 15)
     bench["spec"]["arrival"] = {"process": "Constant", "ratePerSecond": 4}
     bench["spec"]["chaos"] = {
         "ratePerSecond": 4,

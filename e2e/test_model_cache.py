@@ -28,6 +28,7 @@ from devenv.cluster.cluster import ClusterHandle
 from devenv.cluster.images import Images
 from devenv.cluster.processes import wait_until
 from devenv.dev import answers, service_url
+from e2e.k8s_helpers import condition, delete_namespace
 from e2e.real_node_fixtures import ChartOperator
 from e2e.test_real_node import SAMPLE
 
@@ -53,8 +54,7 @@ def cache_ns(
     try:
         yield ns
     finally:
-        cluster.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=180s",
-                        check=False, timeout=190)  # fmt: skip
+        delete_namespace(cluster, ns, wait_gone=True, timeout=180)
         for pv in volumes:
             cluster.kubectl("delete", "pv", pv, "--wait=false", check=False)
         cluster.kubectl("delete", "storageclass", CLASS, TINY_CLASS, check=False)
@@ -261,20 +261,12 @@ def _get(cluster: ClusterHandle, ns: str, kind: str, name: str) -> dict[str, Any
     return got
 
 
-def _ready(obj: dict[str, Any]) -> dict[str, Any]:
-    for c in obj.get("status", {}).get("conditions", []):
-        if c["type"] == "Ready":
-            found: dict[str, Any] = c
-            return found
-    return {}
-
-
 def _wait_reason(
     cluster: ClusterHandle, ns: str, kind: str, name: str, reason: str
 ) -> dict[str, Any]:
     wait_until(
         f"{kind} {name} reason {reason}",
-        lambda: _ready(_get(cluster, ns, kind, name)).get("reason") == reason,
+        lambda: condition(_get(cluster, ns, kind, name), "Ready").get("reason") == reason,
         240,
     )
     return _get(cluster, ns, kind, name)
@@ -335,7 +327,7 @@ def test_a_cache_downloads_and_resumes_after_its_pod_is_killed(
         time.sleep(0.5)
     during = _get(cluster, ns, "modelcache", "tiny")["status"]
     print(f"mid-download status: {during['bytesDownloaded']} of {during['bytesTotal']} bytes")
-    assert "%" in _ready(_get(cluster, ns, "modelcache", "tiny"))["message"]
+    assert "%" in condition(_get(cluster, ns, "modelcache", "tiny"), "Ready")["message"]
     pods = cluster.kubectl_json(
         "get", "pods", "-n", ns, "-l", "batch.kubernetes.io/job-name=tiny-download"
     )["items"]
@@ -438,8 +430,10 @@ def test_two_services_share_the_cache_without_asking_the_hub(
     cluster.kubectl("delete", "modelcache", "tiny", "-n", ns, "--wait=false")
     cache = _wait_reason(cluster, ns, "modelcache", "tiny", "InUse")
     assert cache["status"]["phase"] == "Deleting"
-    assert "cached-a" in _ready(cache)["message"]
-    assert _ready(_get(cluster, ns, "vis", "cached-a"))["status"] == "True"  # still serving
+    assert "cached-a" in condition(cache, "Ready")["message"]
+    assert (
+        condition(_get(cluster, ns, "vis", "cached-a"), "Ready")["status"] == "True"
+    )  # still serving
     cluster.kubectl("delete", "vis", "cached-a", "-n", ns, "--wait=true", "--timeout=120s")
     wait_until(
         "the cache and its claim gone",
@@ -488,7 +482,7 @@ def test_download_failures_stall_with_their_reason(cluster: ClusterHandle, cache
         ("full-volume", "OutOfSpace"),
     ):
         cache = _wait_reason(cluster, ns, "modelcache", name, reason)
-        print(f"{name}: {reason}: {_ready(cache)['message']}")
+        print(f"{name}: {reason}: {condition(cache, 'Ready')['message']}")
         assert cache["status"]["phase"] == "Failed"
         stalled = next(c for c in cache["status"]["conditions"] if c["type"] == "Stalled")
         assert stalled["status"] == "True"
@@ -498,7 +492,7 @@ def test_download_failures_stall_with_their_reason(cluster: ClusterHandle, cache
     # A service naming a failed cache stalls, and never rolls out.
     cluster.apply(_service("on-failed", {"cache": {"name": "gated-no-token"}}), namespace=ns)
     svc = _wait_reason(cluster, ns, "vis", "on-failed", "ModelCacheFailed")
-    assert "Unauthorized" in _ready(svc)["message"]
+    assert "Unauthorized" in condition(svc, "Ready")["message"]
     assert cluster.kubectl("get", "deployment", "on-failed", "-n", ns, check=False).returncode != 0
     cluster.kubectl("delete", "vis", "on-failed", "-n", ns, "--wait=true", "--timeout=60s")
 

@@ -32,6 +32,7 @@ from devenv.cluster.images import Images
 from devenv.cluster.processes import wait_until
 from devenv.dev import answers, service_url
 from devenv.vllm_server import Streams
+from e2e.k8s_helpers import condition, delete_namespace
 from e2e.real_node_fixtures import ChartOperator, operator_pod
 from vllm_operator.bench.archive import unpack
 from vllm_operator.constants import LABEL_SERVICE as SERVICE_LABEL
@@ -43,13 +44,6 @@ REPO = Path(__file__).parents[1]
 SAMPLE = REPO / "examples" / "dev-sample.yaml"
 MiB = 1024 * 1024
 TOKENS = 400
-
-
-def _condition(obj: dict[str, Any], kind: str) -> str | None:
-    for c in obj.get("status", {}).get("conditions", []):
-        if c["type"] == kind:
-            return str(c["status"])
-    return None
 
 
 def _exec(cluster: ClusterHandle, ns: str, pod: str, *argv: str) -> Any:
@@ -117,8 +111,7 @@ def served(cluster: ClusterHandle, chart_operator: ChartOperator) -> Iterator[st
         )  # fmt: skip
         yield ns
     finally:
-        cluster.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=120s",
-                        check=False, timeout=130)  # fmt: skip
+        delete_namespace(cluster, ns, wait_gone=True, timeout=120)
 
 
 def server_pod(cluster: ClusterHandle, ns: str, service: str = "tiny-chat") -> dict[str, Any]:
@@ -162,8 +155,8 @@ def test_a_service_is_served_by_a_real_vllm_container_after_a_real_warmup(
         assert last is not None and last.get("exitCode") != 2, last
     # The readiness gate is what made it Ready, and the operator set it after warmup.
     assert server["spec"]["readinessGates"] == [{"conditionType": GATE}]
-    assert _condition(server, GATE) == "True"
-    assert _condition(server, "Ready") == "True"
+    assert condition(server, GATE).get("status") == "True"
+    assert condition(server, "Ready").get("status") == "True"
     # In that order: the kubelet's probe, then the gate the operator set, then Ready.
     times = {c["type"]: c["lastTransitionTime"] for c in server["status"]["conditions"]}
     assert times["ContainersReady"] <= times[GATE] <= times["Ready"], times
