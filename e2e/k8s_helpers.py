@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from devenv.cluster.cluster import ClusterHandle
-from vllm_operator.reconcile.conditions import manifest_condition
+from vllm_operator.models.conditions import manifest_condition
 
 # Spelled out, not imported from the operator: a renamed label must fail the tests.
 GROUP = "inference.vllm-operator.dev"

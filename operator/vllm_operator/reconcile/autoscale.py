@@ -44,9 +44,9 @@ from vllm_operator.k8s.api import ApiError, ClusterAPI, apply_status
 from vllm_operator.metrics import AUTOSCALER_DECISIONS, AUTOSCALER_DESIRED, AUTOSCALER_SIGNAL
 from vllm_operator.models import InferenceService
 from vllm_operator.models.base import Manifest
+from vllm_operator.models.conditions import manifest_condition, pod_condition
 from vllm_operator.models.inference_service import AutoscalingStatus
 from vllm_operator.reconcile.benchmark import active_lock
-from vllm_operator.reconcile.conditions import manifest_condition, pod_condition
 from vllm_operator.render.hpa import hpa_name
 from vllm_operator.render.meta import SERVER_PORT, selector_string
 

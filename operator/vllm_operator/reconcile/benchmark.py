@@ -34,9 +34,9 @@ from vllm_operator.constants import (
 from vllm_operator.k8s.api import ClusterAPI
 from vllm_operator.models import InferenceBenchmark, InferenceBenchmarkStatus, InferenceService
 from vllm_operator.models.base import Condition, ConfigMapKeyReference, Manifest
+from vllm_operator.models.conditions import pod_condition
 from vllm_operator.models.inference_benchmark import REASON_TOO_MANY_REQUEST_ERRORS
 from vllm_operator.models.inference_service import BenchmarkSummary
-from vllm_operator.reconcile.conditions import pod_condition
 from vllm_operator.reconcile.jobs import job_report, job_state
 from vllm_operator.reconcile.phases import phase_conditions, write_phase_status
 from vllm_operator.reconcile.pods import pod_problem

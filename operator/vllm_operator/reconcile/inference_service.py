@@ -37,6 +37,7 @@ from vllm_operator.constants import (
 from vllm_operator.k8s.api import ApiError, ClusterAPI, apply_status
 from vllm_operator.models import InferenceService, InferenceServiceStatus
 from vllm_operator.models.base import Manifest
+from vllm_operator.models.conditions import condition, find
 from vllm_operator.models.inference_service import (
     BenchmarkSummary,
     EffectiveTuning,
@@ -49,7 +50,6 @@ from vllm_operator.reconcile.benchmark import (
     list_lock_jobs,
     lock_holder,
 )
-from vllm_operator.reconcile.conditions import condition, find
 from vllm_operator.reconcile.groups import (
     GroupView,
     as_rollout,

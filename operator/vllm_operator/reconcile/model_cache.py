@@ -40,8 +40,8 @@ from vllm_operator.constants import (
 from vllm_operator.k8s.api import ClusterAPI
 from vllm_operator.models import InferenceService, ModelCache, ModelCacheStatus
 from vllm_operator.models.base import Condition, Manifest
+from vllm_operator.models.conditions import find, manifest_condition
 from vllm_operator.models.inference_service import ModelSource, PVCSource
-from vllm_operator.reconcile.conditions import find
 from vllm_operator.reconcile.jobs import job_report, job_state
 from vllm_operator.reconcile.phases import phase_conditions, write_phase_status
 from vllm_operator.reconcile.status import Problem
@@ -541,9 +541,9 @@ def _pod_waiting(pod: Manifest | None) -> str:
     if pod is None:
         return ""
     st = pod.get("status") or {}
-    for cond in st.get("conditions") or []:
-        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
-            return f": its pod is not scheduled ({cond.get('message') or cond.get('reason')})"
+    scheduled = manifest_condition(pod, "PodScheduled") or {}
+    if scheduled.get("status") == "False":
+        return f": its pod is not scheduled ({scheduled.get('message') or scheduled.get('reason')})"
     for cs in st.get("containerStatuses") or []:
         waiting = (cs.get("state") or {}).get("waiting")
         if waiting and waiting.get("reason") not in (None, "ContainerCreating"):

@@ -9,7 +9,7 @@ from typing import Protocol
 
 from vllm_operator.k8s.api import ClusterAPI, apply_status
 from vllm_operator.models.base import Condition, Manifest
-from vllm_operator.reconcile.conditions import condition, find
+from vllm_operator.models.conditions import condition, find
 
 
 class PhasedStatus(Protocol):
