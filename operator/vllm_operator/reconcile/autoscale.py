@@ -46,7 +46,7 @@ from vllm_operator.models import InferenceService
 from vllm_operator.models.base import Manifest
 from vllm_operator.models.conditions import manifest_condition, pod_condition
 from vllm_operator.models.inference_service import AutoscalingStatus
-from vllm_operator.reconcile.benchmark import active_lock
+from vllm_operator.reconcile.lock import active_lock
 from vllm_operator.render.hpa import hpa_name
 from vllm_operator.render.meta import SERVER_PORT, selector_string
 

@@ -23,11 +23,7 @@ from pydantic import ValidationError
 
 from vllm_operator.constants import (
     API_VERSION,
-    KIND_INFERENCE_BENCHMARK,
     KIND_INFERENCE_SERVICE,
-    LABEL_BENCHMARK,
-    LABEL_LOCK_TARGET,
-    LABEL_SCALE_DOWN_LOCK,
     LABEL_SERVICE,
     LABEL_WARMUP_FOR,
 )
@@ -36,8 +32,9 @@ from vllm_operator.models import InferenceBenchmark, InferenceBenchmarkStatus, I
 from vllm_operator.models.base import Condition, ConfigMapKeyReference, Manifest
 from vllm_operator.models.conditions import pod_condition
 from vllm_operator.models.inference_benchmark import REASON_TOO_MANY_REQUEST_ERRORS
-from vllm_operator.models.inference_service import BenchmarkSummary
 from vllm_operator.reconcile.jobs import job_report, job_state
+from vllm_operator.reconcile.last_benchmark import TERMINAL
+from vllm_operator.reconcile.lock import held_note
 from vllm_operator.reconcile.phases import phase_conditions, write_phase_status
 from vllm_operator.reconcile.pods import pod_problem
 from vllm_operator.render.benchmark import (
@@ -58,7 +55,6 @@ from vllm_operator.render.service import endpoint_url
 from vllm_operator.settings import OperatorSettings
 
 log = logging.getLogger(__name__)
-TERMINAL = ("Succeeded", "Failed")
 
 # Pending while an input the spec names is missing (looked at again every few seconds).
 REASON_DATASET_NOT_FOUND: Final = "DatasetNotFound"
@@ -288,7 +284,7 @@ async def reconcile_inference_benchmark(
     state = job_state(job)
     if state == "Running":
         name = job["metadata"]["name"]
-        lock = f"InferenceService {bench.spec.target_ref.name} cannot scale down until it ends."
+        lock = held_note(bench.spec.target_ref.name)
         # A load pod that cannot start (no node has the CPU it requests, its image cannot
         # be pulled, ...) sends nothing: the status says why rather than "sending load".
         pods = await api.list(
@@ -541,68 +537,3 @@ def _measured(report: dict[str, Any]) -> InferenceBenchmarkStatus:
         )
     except ValidationError:
         return InferenceBenchmarkStatus()
-
-
-def lock_selector(isvc: InferenceService) -> str:
-    """The Jobs that may hold a scale-down lock on ``isvc``: ours, or anyone's that carry
-    the two labels."""
-    return f"{LABEL_SCALE_DOWN_LOCK}=true,{LABEL_LOCK_TARGET}={isvc.metadata.name}"
-
-
-def lock_holder(jobs: list[Manifest]) -> str | None:
-    """Of the lock Jobs, the benchmark whose unfinished one holds the lock (the Job's own
-    name when it names no benchmark)."""
-    for job in jobs:
-        if job["metadata"].get("deletionTimestamp") or job_state(job) != "Running":
-            continue
-        labels = job["metadata"].get("labels") or {}
-        return str(labels.get(LABEL_BENCHMARK) or job["metadata"]["name"])
-    return None
-
-
-async def list_lock_jobs(api: ClusterAPI, isvc: InferenceService) -> list[Manifest]:
-    return await api.list(
-        "batch/v1", "Job", isvc.metadata.namespace, label_selector=lock_selector(isvc)
-    )
-
-
-async def active_lock(api: ClusterAPI, isvc: InferenceService) -> str | None:
-    """The benchmark whose unfinished load Job holds a scale-down lock on ``isvc``."""
-    return lock_holder(await list_lock_jobs(api, isvc))
-
-
-async def list_benchmarks(api: ClusterAPI, isvc: InferenceService) -> list[Manifest]:
-    return await api.list(API_VERSION, KIND_INFERENCE_BENCHMARK, isvc.metadata.namespace)
-
-
-def latest_benchmark(isvc: InferenceService, items: list[Manifest]) -> BenchmarkSummary | None:
-    """The most recent finished benchmark of ``isvc`` among the namespace's benchmarks,
-    computed from the benchmarks themselves (not stored: deleting a benchmark drops it
-    from here too)."""
-    found: list[InferenceBenchmark] = []
-    for item in items:
-        try:
-            bench = InferenceBenchmark.model_validate(item)
-        except ValidationError:
-            continue
-        if (
-            bench.spec.target_ref.name == isvc.metadata.name
-            and bench.status
-            and (bench.status.phase in TERMINAL and bench.status.completion_time)
-        ):
-            found.append(bench)
-    if not found:
-        return None
-    latest = max(found, key=lambda b: b.status.completion_time)  # type: ignore[union-attr,arg-type,return-value]
-    st = latest.status
-    assert st is not None
-    head = st.headline
-    ttft = head.from_scheduled.ttft if head and head.from_scheduled else None
-    return BenchmarkSummary(
-        name=latest.metadata.name,
-        phase=st.phase or "Unknown",
-        completion_time=st.completion_time,
-        requests_per_second=head.requests_per_second if head else None,
-        ttft_p99_milliseconds=ttft.p99 if ttft else None,
-        slo_attainment=head.slo_attainment if head else None,
-    )

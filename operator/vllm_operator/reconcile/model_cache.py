@@ -1,5 +1,5 @@
-"""The one reconcile of a ModelCache, and what an InferenceService that names one makes of
-it.
+"""The one reconcile of a ModelCache (what an InferenceService that names one makes of it
+is reconcile/cache_use.py).
 
 A huggingFace source: the claim (``render/model_cache.py``), then the download Job into
 it; while the Job runs, its progress (read from the Job's pod) goes into status; when it
@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -38,13 +37,12 @@ from vllm_operator.constants import (
     KIND_MODEL_CACHE,
 )
 from vllm_operator.k8s.api import ClusterAPI
-from vllm_operator.models import InferenceService, ModelCache, ModelCacheStatus
+from vllm_operator.models import ModelCache, ModelCacheStatus
 from vllm_operator.models.base import Condition, Manifest
 from vllm_operator.models.conditions import find, manifest_condition
-from vllm_operator.models.inference_service import ModelSource, PVCSource
+from vllm_operator.reconcile.cache_use import progress_text, size_text
 from vllm_operator.reconcile.jobs import job_report, job_state
 from vllm_operator.reconcile.phases import phase_conditions, write_phase_status
-from vllm_operator.reconcile.status import Problem
 from vllm_operator.render.model_cache import (
     PROGRESS_PORT,
     build_claim,
@@ -63,127 +61,6 @@ log = logging.getLogger(__name__)
 DOWNLOAD_POLL_SECONDS: Final = 5.0
 # A cache waiting for its claim, Secret or Job pod.
 PENDING_POLL_SECONDS: Final = 10.0
-USABLE: Final = ("Ready", "Deleting")
-
-
-@dataclass(frozen=True)
-class CacheUse:
-    """What an InferenceService naming a cache serves from, or why it cannot yet."""
-
-    # The service with spec.model.source the cache's claim and folder (a pvc source):
-    # what is planned and rendered; the service itself when the cache is not usable.
-    service: InferenceService
-    # The model's repository (the tuner's catalog lookup), and its config.json as the
-    # download read it (the tuner's architecture), when known.
-    model_name: str | None = None
-    config: dict[str, Any] | None = None
-    # Why nothing can be rolled out yet: waiting is progress (WaitingForModel), stalled
-    # needs a change (the cache missing or failed).
-    waiting: Problem | None = None
-    stalled: Problem | None = None
-
-
-def cache_name_of(isvc: InferenceService) -> str | None:
-    ref = isvc.spec.model.source.cache
-    return ref.name if ref is not None else None
-
-
-async def read_cache(api: ClusterAPI, isvc: InferenceService) -> Manifest | None:
-    name = cache_name_of(isvc)
-    if name is None:
-        return None
-    return await api.get(API_VERSION, KIND_MODEL_CACHE, name, isvc.metadata.namespace)
-
-
-def use_cache(isvc: InferenceService, body: Manifest | None) -> CacheUse:
-    """What ``isvc`` serves from, given the ModelCache it names as read (``body``)."""
-    name = cache_name_of(isvc)
-    if name is None:
-        return CacheUse(isvc)
-    ns = isvc.metadata.namespace
-    if body is None:
-        return CacheUse(
-            isvc,
-            stalled=Problem(
-                "ModelCacheNotFound",
-                f"ModelCache {name} named in spec.model.source.cache does not exist in "
-                f"namespace {ns}.",
-            ),
-        )
-    try:
-        cache = ModelCache.model_validate(body)
-    except ValidationError:
-        return CacheUse(
-            isvc,
-            stalled=Problem(
-                "ModelCacheInvalid", f"ModelCache {name} is invalid: its own status says why."
-            ),
-        )
-    status = cache.status or ModelCacheStatus()
-    hub = cache.spec.source.hugging_face
-    repo = hub.repo if hub is not None else None
-    if status.phase in USABLE and status.claim_name and status.path:
-        spec = isvc.spec.model_copy(
-            update={
-                "model": isvc.spec.model.model_copy(
-                    update={
-                        "source": ModelSource(
-                            pvc=PVCSource(claim_name=status.claim_name, path=status.path)
-                        )
-                    }
-                )
-            }
-        )
-        return CacheUse(
-            isvc.model_copy(update={"spec": spec}),
-            model_name=repo,
-            config=_config(status),
-        )
-    ready = find(status.conditions, "Ready")
-    why = f": {ready.message}" if ready is not None and ready.message else ""
-    if status.phase == "Failed":
-        return CacheUse(
-            isvc,
-            model_name=repo,
-            stalled=Problem(
-                "ModelCacheFailed",
-                f"ModelCache {name} failed ({ready.reason if ready else 'Failed'}){why}",
-            ),
-        )
-    return CacheUse(
-        isvc,
-        model_name=repo,
-        waiting=Problem(
-            "WaitingForModel", f"Waiting for ModelCache {name}{progress_text(status)}{why}"
-        ),
-    )
-
-
-def _config(status: ModelCacheStatus) -> dict[str, Any] | None:
-    if not status.config_json:
-        return None
-    try:
-        config = json.loads(status.config_json)
-    except ValueError:
-        return None
-    return config if isinstance(config, dict) else None
-
-
-def progress_text(status: ModelCacheStatus) -> str:
-    """ " (1.2 of 2.9 GiB, 41 %)" while the size is known, else ""."""
-    done, total = status.bytes_downloaded, status.bytes_total
-    if done is None or not total:
-        return ""
-    return f" ({_size(done)} of {_size(total)}, {100 * done // total} %)"
-
-
-def _size(n: int) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
-
-
 # --- the cache's own reconcile -----------------------------------------------------------
 
 
@@ -480,7 +357,7 @@ async def _download(
 
 def _ready_message(repo: str, st: ModelCacheStatus) -> str:
     commit = f" at commit {st.commit}" if st.commit else ""
-    size = f", {_size(st.bytes_total)} in {st.files_total} files" if st.bytes_total else ""
+    size = f", {size_text(st.bytes_total)} in {st.files_total} files" if st.bytes_total else ""
     return f"{repo}{commit} is on PersistentVolumeClaim {st.claim_name or ''}{size}, verified."
 
 
