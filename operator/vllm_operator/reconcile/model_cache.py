@@ -42,7 +42,7 @@ from vllm_operator.models.base import Condition, Manifest
 from vllm_operator.models.conditions import find, manifest_condition
 from vllm_operator.reconcile.cache_use import progress_text, size_text
 from vllm_operator.reconcile.jobs import job_report, job_state
-from vllm_operator.reconcile.phases import phase_conditions, write_phase_status
+from vllm_operator.reconcile.phases import phase_conditions, phase_event, write_phase_status
 from vllm_operator.render.model_cache import (
     PROGRESS_PORT,
     build_claim,
@@ -107,7 +107,9 @@ async def _set_finalizer(api: ClusterAPI, body: Manifest, present: bool) -> None
 async def _write(
     api: ClusterAPI, body: Manifest, old: ModelCacheStatus | None, status: ModelCacheStatus
 ) -> None:
-    if await write_phase_status(api, body, old, status):
+    event = phase_event(old, status)
+    await write_phase_status(api, body, old, status, (event,) if event else ())
+    if event is not None:
         ready = find(status.conditions, "Ready")
         log.info(
             "ModelCache %s/%s: %s (%s).",
