@@ -11,6 +11,10 @@ Before the Job, the operator applies what the Job needs: the spec as a ConfigMap
 empty results ConfigMap and the Job's own ServiceAccount, Role and RoleBinding (allowed
 only to write that ConfigMap). The Job reports its headline numbers as its termination
 message, including ``resultsConfigMap`` once every request's data is in that ConfigMap.
+
+One pass is :func:`observe` (every read) → the pure :func:`next_step` (the whole status,
+the objects to apply and delete, the events) → :func:`apply_step`, the InferenceService's
+gather → decide → apply.
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ REASON_TRACE_NOT_FOUND: Final = "TraceNotFound"
 REASON_TRACE_KEY_NOT_FOUND: Final = "TraceKeyNotFound"
 REASON_ADAPTER_NOT_FOUND: Final = "AdapterNotFound"
 REASON_ADAPTER_NOT_LOADED: Final = "AdapterNotLoaded"
+REASON_TARGET_NOT_READY: Final = "TargetNotReady"
 
 
 # --- observe ------------------------------------------------------------------------------
@@ -215,7 +220,8 @@ def _target_wait(target: InferenceService, adapter: str | None) -> tuple[str, st
     serving spec.adapter everywhere."""
     ready = find(target.status.conditions if target.status else [], "Ready")
     if ready is None or ready.status != "True":
-        return "TargetNotReady", f"Waiting for InferenceService {target.metadata.name} to be Ready."
+        name = target.metadata.name
+        return REASON_TARGET_NOT_READY, f"Waiting for InferenceService {name} to be Ready."
     return _adapter_wait(target, adapter)
 
 

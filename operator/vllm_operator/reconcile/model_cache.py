@@ -16,6 +16,10 @@ a claim in use (its pvc-protection finalizer), and it needs no admission webhook
 ``kubectl delete`` or an Argo CD prune returns at once and completes on its own once the
 services move off. The claim goes with the cache by garbage collection, unless
 spec.storage.retain.
+
+One pass is :func:`observe` (every read, the running download's progress among them) →
+the pure :func:`next_step` (the status, the claim and Job to apply or delete, our
+finalizer, when to look again) → :func:`apply_step`.
 """
 
 from __future__ import annotations
@@ -343,7 +347,7 @@ def _download(
     if job is None:
         resources = settings.download_resources.to_wire()
         made.append(build_download_job(cache, image=settings.warmup_image, resources=resources))
-    state = job_state(job) if job is not None else "Running"  # a Job made now runs
+    state = "Running" if job is None else job_state(job)  # a Job made now runs
     if state == "Running":
         running, counts, again = _running(observed, job_name)
         return _step(observed, status(*running, **counts), apply=tuple(made), requeue=again)
