@@ -33,7 +33,6 @@ from vllm_operator.autoscale.decide import (
     deletion_costs,
     signal,
 )
-from vllm_operator.autoscale.signals import MetricsError, PodReading, parse_metrics
 from vllm_operator.constants import (
     ANNOTATION_DELETION_COST,
     API_VERSION,
@@ -47,6 +46,7 @@ from vllm_operator.models.base import Manifest
 from vllm_operator.models.inference_service import AutoscalingStatus
 from vllm_operator.reconcile.benchmark import active_lock
 from vllm_operator.reconcile.conditions import manifest_condition, pod_condition
+from vllm_operator.releases.metrics import MetricsError, PodReading, parse_metrics
 from vllm_operator.render.hpa import hpa_name
 from vllm_operator.render.meta import SERVER_PORT, selector_string
 
