@@ -44,6 +44,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+from vllm_operator.models import lengths
 from vllm_operator.models.inference_service import (
     Dtype,
     InferenceServiceSpec,
@@ -75,7 +76,6 @@ from vllm_operator.tuning.performance import (
     MEASURED_EFFICIENCY,
     SPEC_EFFICIENCY,
     DecodeEstimate,
-    length_quantile,
     load_time,
 )
 from vllm_operator.tuning.pod import pod_plan
@@ -645,7 +645,7 @@ def ask_of(
         node=node or NodeSpec(),
         downloads_weights=downloads_weights,
         vllm_version=vllm_version,
-        prompt_p99=length_quantile(workload.prompt_tokens, 0.99)
+        prompt_p99=lengths.quantile(workload.prompt_tokens, 0.99)
         if workload.prompt_tokens
         else None,
         lora=_lora_plan(lora, tuning.overrides),
