@@ -39,7 +39,6 @@ from vllm_operator.autoscale.decide import (
     deletion_costs,
     signal,
 )
-from vllm_operator.autoscale.signals import MetricsError, PodReading, parse_metrics
 from vllm_operator.constants import (
     ANNOTATION_DELETION_COST,
     API_VERSION,
@@ -54,6 +53,7 @@ from vllm_operator.models.conditions import manifest_condition, pod_condition
 from vllm_operator.models.inference_service import AutoscalingStatus
 from vllm_operator.reconcile.lock import active_lock
 from vllm_operator.reconcile.steps import Event, Ref, emit
+from vllm_operator.releases.metrics import MetricsError, PodReading, parse_metrics
 from vllm_operator.render.hpa import hpa_name
 from vllm_operator.render.meta import SERVER_PORT, selector_string
 
