@@ -14,10 +14,10 @@ import pytest
 from tests.reconcile.test_autoscale import _metrics
 from tests.specs import BASE
 from vllm_operator.autoscale.decide import ScalerState
-from vllm_operator.autoscale.signals import parse_metrics
 from vllm_operator.models import InferenceService
 from vllm_operator.models.base import Manifest
 from vllm_operator.reconcile.autoscale import Observed, next_step
+from vllm_operator.releases.metrics import parse_metrics
 
 NOW = datetime(2026, 12, 2, 9, 0, tzinfo=UTC)
 AT = 1000.0
