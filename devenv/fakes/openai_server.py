@@ -23,7 +23,7 @@ Delays come from a seeded distribution keyed by the request's ``X-Request-Id`` h
 arrival order without one), so they do not depend on the order in which requests arrive.
 Tokens are words: ``/tokenize`` splits on whitespace; usage counts words and tokens.
 
-Run: ``python -m tests.bench.fake_server --config '{"ttft": {"kind": "fixed", "value": 0.02}}'``
+Run: ``python -m devenv.fakes.openai_server --config '{"ttft": {"kind": "fixed", "value": 0.02}}'``
 prints ``PORT <n>`` on stdout once listening and serves until stdin closes or SIGTERM.
 ``GET /_log`` returns the log as JSON and clears it. ``GET /_stats`` returns counters and
 resets them: generation requests (a client's preflight, whose request id ends in
@@ -492,7 +492,7 @@ class FakeServerProcess:
             [root, str(Path(root) / "operator"), env.get("PYTHONPATH", "")]
         )
         self.process = self._subprocess.Popen(
-            [sys.executable, "-m", "tests.bench.fake_server", "--config", self.config.to_json()],
+            [sys.executable, "-m", "devenv.fakes.openai_server", "--config", self.config.to_json()],
             cwd=root,
             stdin=self._subprocess.PIPE,
             stdout=self._subprocess.PIPE,
