@@ -50,8 +50,10 @@ NAMESPACE_LABEL = "e2e.vllm-operator.dev/test"
 _reports = pytest.StashKey[dict[str, pytest.TestReport]]()
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test under e2e/ is a cluster test, whether or not its module says so."""
+    """Every test under e2e/ is a cluster test, whether or not its module says so. First,
+    before pytest's own hook deselects by marker: `make test-e2e` selects `-m cluster`."""
     here = Path(__file__).parent
     for item in items:
         if here in Path(str(item.path)).parents:
