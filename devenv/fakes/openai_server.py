@@ -666,7 +666,8 @@ class FakeOpenAI:
 
     @property
     def received(self) -> list[Received]:
-        """The generation requests received so far, in order of arrival."""
+        """The generation requests received so far, in order of arrival (from the log: none
+        with ``Config.log`` off)."""
         return [
             Received(path=e.path, stream=e.stream, words=e.prompt_tokens, max_tokens=e.max_tokens)
             for e in list(self._state.log)
