@@ -83,7 +83,7 @@ test-timing: venv ## Run the tests/ that assert on wall-clock time (marker timin
 
 .PHONY: test-e2e
 test-e2e: setup ## Run the cluster tier only.
-	$(BIN)/pytest e2e $(PYTEST_ARGS)
+	$(BIN)/pytest e2e -m cluster $(PYTEST_ARGS)
 
 # The scale benchmark's options (python -m devenv.scale --help), e.g.
 # SCALE_ARGS="--services 2000 --repeats 1" or "--operator-tree /tmp/vop-before".

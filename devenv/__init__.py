@@ -6,6 +6,7 @@ devenv.cluster`) and `images/` the build contexts of the images the real node ru
 `dev.py` is `make dev`; `vllm_server.py` runs a real CPU vLLM as a local process and
 `vllm_fixtures.py` offers it to pytest; `operator_process.py` runs the operator as a local
 process (the cluster tier's and the benchmark's); `scale.py` is the scale benchmark
-(`make bench-scale`, docs/scale.md). The unit tier (tests/) and the cluster tier
-(e2e/) both import from here; nothing here imports e2e.
+(`make bench-scale`, docs/scale.md); `fakes/` holds the fakes of the boundaries we own (the
+OpenAI server, the NVML answer sets). The unit tier (tests/), the cluster tier (e2e/) and
+scripts/ import from here; nothing here imports tests/ or e2e/ (import-linter holds it).
 """

@@ -9,7 +9,7 @@ benchmark with a report, not a timed test, since every figure depends on the mac
 
 What it does:
 
-- starts one fast local streaming server on 127.0.0.1 (``tests/bench/fake_server.py``,
+- starts one fast local streaming server on 127.0.0.1 (``devenv/fakes/openai_server.py``,
   its own process: zero delays, the whole response in one write, counters only, no
   per-request log), which counts the generation requests it received, the span of their
   arrivals, and the connections that carried them (opened, most open at once);
@@ -48,7 +48,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.bench.fake_server import Config, FakeServerProcess
+from devenv.fakes.openai_server import Config, FakeServerProcess
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPT_TOKENS = 16

@@ -8,7 +8,7 @@ stops unless `VLLM_OP_E2E_USE_EXISTING=1` says to use that cluster as it is (kin
 `namespace` (function) creates a fresh namespace and deletes it afterwards. When a test
 fails, its events, the YAML of the objects in its namespace and the tail of every
 component's log are printed (pytest shows them with the failure) and written under
-`<state>/logs/diagnostics/`.
+`<state>/logs/diagnostics/` (``e2e.framework.dump_diagnostics``).
 """
 
 from __future__ import annotations
@@ -26,11 +26,10 @@ import pytest
 import yaml
 
 from devenv.cluster.cluster import ClusterHandle, join, leave, up
-from devenv.cluster.components import COMPONENTS
 from devenv.cluster.kubeconfig import CLUSTER_NAME
 from devenv.cluster.processes import ClusterError
 from devenv.cluster.settings import Settings, resolve_binaries
-from e2e.k8s_helpers import delete_namespace
+from e2e.framework import create_namespace, delete_namespace, dump_diagnostics
 from e2e.lws_fixtures import lws_controller, lws_crds, lws_dir  # noqa: F401
 
 # The operator's fixtures, registered once for the whole tier. Imported into several test
@@ -51,8 +50,10 @@ NAMESPACE_LABEL = "e2e.vllm-operator.dev/test"
 _reports = pytest.StashKey[dict[str, pytest.TestReport]]()
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test under e2e/ is a cluster test, whether or not its module says so."""
+    """Every test under e2e/ is a cluster test, whether or not its module says so. First,
+    before pytest's own hook deselects by marker: `make test-e2e` selects `-m cluster`."""
     here = Path(__file__).parent
     for item in items:
         if here in Path(str(item.path)).parents:
@@ -168,16 +169,7 @@ def _namespace_name(request: pytest.FixtureRequest) -> str:
 def namespace(cluster: ClusterHandle, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh namespace for one test, deleted afterwards (after diagnostics on failure)."""
     name = _namespace_name(request)
-    cluster.apply(
-        {
-            "apiVersion": "v1",
-            "kind": "Namespace",
-            "metadata": {"name": name, "labels": {NAMESPACE_LABEL: "true"}},
-        }
-    )
-    # The ServiceAccount admission plugin refuses pods until the namespace's `default`
-    # ServiceAccount exists, which the controller-manager creates a moment later.
-    cluster.kubectl("wait", "--for=create", "serviceaccount/default", "-n", name, "--timeout=60s")
+    create_namespace(cluster, name, labels={NAMESPACE_LABEL: "true"})
     yield name
     if _failed(request):
         dump_diagnostics(cluster, request, namespace=name)
@@ -194,79 +186,3 @@ def _diagnostics_without_namespace(request: pytest.FixtureRequest) -> Iterator[N
         and "namespace" not in request.fixturenames
     ):
         dump_diagnostics(request.getfixturevalue("cluster"), request, namespace=None)
-
-
-def dump_diagnostics(
-    cluster: ClusterHandle, request: pytest.FixtureRequest, *, namespace: str | None
-) -> None:
-    """Prints what a failed test leaves behind and writes it to a file as well."""
-    sections: list[tuple[str, str]] = []
-
-    def run(title: str, *args: str) -> None:
-        proc = cluster.kubectl(*args, check=False, timeout=60)
-        sections.append((title, (proc.stdout + proc.stderr).strip()))
-
-    run("nodes", "get", "nodes", "-o", "wide", "--show-labels")
-    if namespace:
-        run(
-            f"events in {namespace}",
-            "get",
-            "events",
-            "-n",
-            namespace,
-            "--sort-by=.lastTimestamp",
-            "-o",
-            "wide",
-        )
-        kinds = cluster.kubectl(
-            "api-resources", "--namespaced", "--verbs=list", "-o", "name", check=False
-        ).stdout.split()
-        kinds = [k for k in kinds if k not in ("events", "events.events.k8s.io")]
-        if kinds:
-            run(
-                f"objects in {namespace}",
-                "get",
-                ",".join(kinds),
-                "-n",
-                namespace,
-                "-o",
-                "yaml",
-                "--ignore-not-found",
-            )
-    if "chart_operator" in request.fixturenames:
-        # The operator as the chart's pod: its own log (the namespace above is the test's).
-        # Its level is debug: the lines that name the test's namespace, the last 150.
-        operator = request.getfixturevalue("chart_operator")
-        proc = cluster.kubectl(
-            "logs", f"deployment/{operator.process.deployment}", "-n", operator.namespace,
-            "--tail=5000", check=False, timeout=60,
-        )  # fmt: skip
-        lines = (proc.stdout + proc.stderr).splitlines()
-        if namespace:
-            lines = [line for line in lines if namespace in line]
-        sections.append(("the operator pod's log", "\n".join(lines[-150:])))
-        # A restart in the test (liveness, OOM) shows in its pods' states, its namespace's
-        # events, and the log of the container before.
-        for title, args in (
-            ("the operator's pods", ("get", "pods", "-o", "wide")),
-            ("events in the operator's namespace", ("get", "events", "--sort-by=.lastTimestamp")),
-            ("the operator pod's previous log",
-             ("logs", f"deployment/{operator.process.deployment}", "--previous", "--tail=80")),
-        ):  # fmt: skip
-            proc = cluster.kubectl(*args, "-n", operator.namespace, check=False, timeout=60)
-            sections.append((title, (proc.stdout + proc.stderr)[-8000:]))
-    if cluster.local and cluster.settings is not None:
-        logs = cluster.settings.logs_dir
-        for name in COMPONENTS:
-            try:
-                tail = (logs / f"{name}.log").read_text(errors="replace").splitlines()[-40:]
-            except OSError:
-                tail = ["(no log)"]
-            sections.append((f"last lines of {name}.log", "\n".join(tail)))
-    text = "\n".join(f"===== {title}\n{body}\n" for title, body in sections)
-    print(f"\n##### diagnostics for {request.node.nodeid}\n{text}")
-    if cluster.local and cluster.settings is not None:
-        out = cluster.settings.logs_dir / "diagnostics"
-        out.mkdir(parents=True, exist_ok=True)
-        stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.nodeid)[-150:]
-        (out / f"{stem}.txt").write_text(text)

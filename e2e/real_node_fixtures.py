@@ -30,7 +30,7 @@ from devenv.cluster.cluster import ClusterHandle
 from devenv.cluster.images import Images
 from devenv.cluster.processes import wait_until
 from devenv.dev import install_operator
-from e2e.k8s_helpers import delete_namespace
+from e2e.framework import condition, delete_namespace, dump_diagnostics
 from e2e.operator_fixtures import OperatorProcess
 
 OPERATOR_NAMESPACE = "e2e-real-operator"
@@ -64,7 +64,7 @@ def real_namespace(
         return name
 
     yield make
-    from e2e.conftest import _failed, dump_diagnostics
+    from e2e.conftest import _failed
 
     for name in made:
         if _failed(request):
@@ -219,9 +219,9 @@ def chart_operator(
         )
         wait_until(
             "the operator pod Ready",
-            lambda: any(
-                c["type"] == "Ready" and c["status"] == "True"
-                for c in operator_pod(cluster, OPERATOR_NAMESPACE)["status"].get("conditions", [])
+            lambda: (
+                condition(operator_pod(cluster, OPERATOR_NAMESPACE), "Ready").get("status")
+                == "True"
             ),
             120,
         )

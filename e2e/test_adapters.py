@@ -28,7 +28,7 @@ from devenv.cluster.cluster import ClusterHandle
 from devenv.cluster.images import Images
 from devenv.cluster.processes import wait_until
 from devenv.dev import answers, service_url
-from e2e.k8s_helpers import condition, delete_namespace
+from e2e.framework import condition, delete_namespace
 from e2e.real_node_fixtures import ChartOperator
 from e2e.test_real_node import SAMPLE, _restricted_pod, server_pod
 from vllm_operator.constants import LABEL_SERVICE, LABEL_WARMUP_FOR

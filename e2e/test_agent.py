@@ -23,7 +23,7 @@ import yaml
 
 from devenv.cluster.cluster import ClusterHandle
 from devenv.cluster.processes import wait_until
-from e2e.k8s_helpers import condition
+from e2e.framework import condition
 from vllm_operator.agent.manifests import agent_manifests
 from vllm_operator.agent.nvml import read_recorded_calls
 
@@ -122,9 +122,7 @@ def wait_ready(cluster: ClusterHandle, name: str) -> None:
 
 def wait_condition(cluster: ClusterHandle, name: str, kind: str, reason: str) -> dict[str, Any]:
     def reached() -> bool:
-        obj = gpunode(cluster, name)
-        conds = (obj.get("status") or {}).get("conditions") or []
-        return any(c["type"] == kind and c["reason"] == reason for c in conds)
+        return condition(gpunode(cluster, name), kind).get("reason") == reason
 
     wait_until(f"GPUNode {name} {kind} reason {reason}", reached, timeout_s=60)
     return gpunode(cluster, name)

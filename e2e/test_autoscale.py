@@ -28,10 +28,8 @@ import yaml
 from devenv.cluster import node
 from devenv.cluster.cluster import ClusterHandle
 from devenv.cluster.images import Images
-from e2e.k8s_helpers import condition, wait_for
+from e2e.framework import benchmark, condition, fetch, wait_for
 from e2e.real_node_fixtures import ChartOperator
-from e2e.test_benchmark import _bench
-from e2e.test_operator import _get
 from vllm_operator.constants import LABEL_SERVICE, LABEL_WARMUP_FOR
 from vllm_operator.reconcile.jobs import job_state
 
@@ -47,7 +45,7 @@ def _isvc(name: str, **spec: Any) -> dict[str, Any]:
 
 
 def _pods(cluster: ClusterHandle, ns: str, name: str) -> list[dict[str, Any]]:
-    found = _get(cluster, ns, "pods", "-l", f"{LABEL_SERVICE}={name}")
+    found = fetch(cluster, ns, "pods", "-l", f"{LABEL_SERVICE}={name}")
     return [
         p
         for p in (found or {}).get("items", [])
@@ -122,7 +120,7 @@ class Timeline:
     def _run(self) -> None:
         cluster, ns, name = self._args
         while not self._stop.is_set():
-            obj = _get(cluster, ns, "vis", name) or {}
+            obj = fetch(cluster, ns, "vis", name) or {}
             auto = obj.get("status", {}).get("autoscaling") or {}
             self.rows.append(
                 (
@@ -192,13 +190,13 @@ def _url(pod: dict[str, Any]) -> str:
 
 
 def _replicas(cluster: ClusterHandle, ns: str, name: str) -> Any:
-    return (_get(cluster, ns, "vis", name) or {}).get("spec", {}).get("replicas")
+    return (fetch(cluster, ns, "vis", name) or {}).get("spec", {}).get("replicas")
 
 
 def _events_and_log(cluster: ClusterHandle, ns: str, operator: ChartOperator) -> str:
     """What a missing event is judged by: the namespace's events and the operator's lines
     on scaling and on events."""
-    events = _get(cluster, ns, "events") or {"items": []}
+    events = fetch(cluster, ns, "events") or {"items": []}
     listed = "; ".join(f"{e.get('reason')}: {e.get('message')}" for e in events["items"])
     log = cluster.kubectl(
         "logs", "-n", operator.namespace, operator.pod["metadata"]["name"], check=False
@@ -254,7 +252,7 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
     )
     wait_for(
         lambda: (
-            (i := _get(cluster, ns, "vis", "auto"))
+            (i := fetch(cluster, ns, "vis", "auto"))
             and i.get("status", {}).get("readyReplicas") == 1
         ),
         "the first replica to be warmed up and Ready",
@@ -291,7 +289,7 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
         # scale-down window has not passed).
         isvc = wait_for(
             lambda: (
-                (i := _get(cluster, ns, "vis", "auto"))
+                (i := fetch(cluster, ns, "vis", "auto"))
                 and i.get("status", {}).get("readyReplicas") == 2
                 and i
             ),
@@ -305,7 +303,7 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
         # A read of the events can fail on the loaded machine: read again before judging.
         try:
             wait_for(
-                lambda: (_get(cluster, ns, "events", "--field-selector", "reason=ScaledUp")
+                lambda: (fetch(cluster, ns, "events", "--field-selector", "reason=ScaledUp")
                          or {}).get("items"),
                 "a ScaledUp event",
                 timeout=30,
@@ -326,12 +324,12 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
         # which restarts the window: the wait allows two such stalls. Its requests are few
         # (0.03/s, 4 tokens each), so that a stall piles up one or two of them, not five: an
         # idle pod's gauge reads 1 when a scrape catches one.
-        bench = _bench("hold", "auto", 900)
+        bench = benchmark("hold", "auto", 900)
         bench["spec"]["arrival"]["ratePerSecond"] = 0.03
         cluster.apply(bench, namespace=ns)
         wait_for(
             lambda: (
-                (b := _get(cluster, ns, "inferencebenchmark", "hold"))
+                (b := fetch(cluster, ns, "inferencebenchmark", "hold"))
                 and b.get("status", {}).get("phase") == "Running"
             ),
             "the benchmark to run",
@@ -356,7 +354,7 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
         # The signal asks for one replica; the benchmark holds it.
         held = wait_for(
             lambda: (
-                (i := _get(cluster, ns, "vis", "auto"))
+                (i := fetch(cluster, ns, "vis", "auto"))
                 and (i["status"].get("autoscaling") or {}).get("decision") == "ScaleDownHeld"
                 and i
             ),
@@ -370,10 +368,10 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
         # Held for several periods while the load Job runs.
         hold_until = time.monotonic() + 20
         while time.monotonic() < hold_until:
-            replicas = (_get(cluster, ns, "vis", "auto") or {}).get("spec", {}).get("replicas")
+            replicas = (fetch(cluster, ns, "vis", "auto") or {}).get("spec", {}).get("replicas")
             assert replicas == 2, "scaled down while the benchmark's load ran"
             time.sleep(1)
-        assert job_state(_get(cluster, ns, "job", "hold-load") or {}) == "Running"
+        assert job_state(fetch(cluster, ns, "job", "hold-load") or {}) == "Running"
         cluster.kubectl("delete", "inferencebenchmark", "hold", "-n", ns, "--wait=false")
         timeline.mark("benchmark 'hold' deleted")
 
@@ -381,12 +379,12 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
         # and the pod that goes is the idle, older one.
         try:
             wait_for(
-                lambda: (i := _get(cluster, ns, "vis", "auto")) and i["spec"]["replicas"] == 1,
+                lambda: (i := fetch(cluster, ns, "vis", "auto")) and i["spec"]["replicas"] == 1,
                 "the scale-down after the benchmark",
                 timeout=60,
             )
         except AssertionError as err:
-            last = _get(cluster, ns, "vis", "auto") or {}
+            last = fetch(cluster, ns, "vis", "auto") or {}
             auto = last.get("status", {}).get("autoscaling")
             raise AssertionError(f"{err}; status.autoscaling: {auto}") from None
         wait_for(lambda: len(_pods(cluster, ns, "auto")) == 1, "one pod left", timeout=60)

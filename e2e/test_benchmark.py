@@ -15,16 +15,14 @@ import pytest
 from devenv.cluster import node
 from devenv.cluster.cluster import ClusterHandle
 from devenv.cluster.images import Images
-from e2e.k8s_helpers import condition, wait_for
+from e2e.framework import benchmark, condition, fault_isvc, fetch, wait_for
 from e2e.real_node_fixtures import ChartOperator, PodOperator
-from e2e.test_operator import _get
-from e2e.test_warmup import _isvc
 from vllm_operator.bench.neighbour import cpu_list
 from vllm_operator.constants import GROUP, LABEL_SERVICE
 
 
 def _target(name: str, replicas: int, image: str) -> dict[str, Any]:
-    return _isvc(name, "slow", image, replicas=replicas, warmup={"enabled": False})
+    return fault_isvc(name, "slow", image, replicas=replicas, warmup={"enabled": False})
 
 
 @pytest.fixture
@@ -32,33 +30,14 @@ def target_ns(chart_operator: ChartOperator, real_namespace: Callable[..., str])
     return real_namespace()  # restricted, as every pod the operator renders passes it
 
 
-def _bench(name: str, target: str, seconds: int) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/v1alpha1",
-        "kind": "InferenceBenchmark",
-        "metadata": {"name": name},
-        "spec": {
-            "targetRef": {"name": target},
-            "workload": {
-                "promptTokens": {"type": "Fixed", "value": 16},
-                "outputTokens": {"type": "Fixed", "value": 4},
-            },
-            "arrival": {"process": "Poisson", "ratePerSecond": 2},
-            "durationSeconds": seconds,
-            "endpoint": {"api": "Completions", "stream": True},
-            "seed": 1,
-        },
-    }
-
-
 def _phase(cluster: ClusterHandle, ns: str, name: str) -> str | None:
-    obj = _get(cluster, ns, "inferencebenchmark", name) or {}
+    obj = fetch(cluster, ns, "inferencebenchmark", name) or {}
     phase: str | None = obj.get("status", {}).get("phase")
     return phase
 
 
 def _replicas(cluster: ClusterHandle, ns: str, kind: str, name: str) -> int:
-    return int((_get(cluster, ns, kind, name) or {}).get("spec", {}).get("replicas", -1))
+    return int((fetch(cluster, ns, kind, name) or {}).get("spec", {}).get("replicas", -1))
 
 
 def _chaos(cluster: ClusterHandle, ns: str, name: str, timeout: float = 240) -> dict[str, Any]:
@@ -68,7 +47,7 @@ def _chaos(cluster: ClusterHandle, ns: str, name: str, timeout: float = 240) -> 
         "the benchmark to end",
         timeout=timeout,
     )
-    status = (_get(cluster, ns, "inferencebenchmark", name) or {})["status"]
+    status = (fetch(cluster, ns, "inferencebenchmark", name) or {})["status"]
     assert status["phase"] == "Succeeded", status
     (chaos,) = status["chaos"]
     return dict(chaos)
@@ -87,7 +66,7 @@ def _print_chaos(chaos: dict[str, Any]) -> None:
 
 def _neighbour_burning(cluster: ClusterHandle, ns: str, name: str) -> bool:
     """Benchmark ``name``'s neighbour says it burns (its state in the results ConfigMap)."""
-    data = (_get(cluster, ns, "configmap", f"{name}-results") or {}).get("data", {})
+    data = (fetch(cluster, ns, "configmap", f"{name}-results") or {}).get("data", {})
     return '"burning": true' in data.get("chaos-neighbour-state", "")
 
 
@@ -95,7 +74,7 @@ def _wait_ready(cluster: ClusterHandle, ns: str, replicas: int) -> None:
     """InferenceService svc Ready, with ``replicas`` ready replicas."""
     wait_for(
         lambda: (
-            (i := _get(cluster, ns, "vis", "svc"))
+            (i := fetch(cluster, ns, "vis", "svc"))
             and i.get("status", {}).get("readyReplicas") == replicas
             and condition(i, "Ready").get("status") == "True"
         ),
@@ -110,11 +89,11 @@ def _start_burning(
     """A CPU-bound target, and benchmark ``name`` against it whose chaos phase burns half
     the node's CPUs beside it; returns once the neighbour burns (after the level's
     ``seconds`` and the plain run's), which it does for ``seconds`` more."""
-    target = _isvc("svc", "cpu", real_images.fault_server, replicas=1,
+    target = fault_isvc("svc", "cpu", real_images.fault_server, replicas=1,
                    warmup={"enabled": False})  # fmt: skip
     cluster.apply(target, namespace=ns)
     _wait_ready(cluster, ns, 1)
-    bench = _bench(name, "svc", seconds)
+    bench = benchmark(name, "svc", seconds)
     bench["spec"]["chaos"] = {"ratePerSecond": 2, "noisyNeighbour": {"cpuShare": 0.5}}
     cluster.apply(bench, namespace=ns)
     wait_for(lambda: _neighbour_burning(cluster, ns, name), "the neighbour to burn", timeout=240)
@@ -132,22 +111,22 @@ def test_a_benchmark_runs_and_no_path_can_scale_its_target_down(
     ns = target_ns
     cluster.apply(_target("svc", 2, real_images.fault_server), namespace=ns)
     _wait_ready(cluster, ns, 2)
-    cluster.apply(_bench("load", "svc", 30), namespace=ns)
+    cluster.apply(benchmark("load", "svc", 30), namespace=ns)
     wait_for(lambda: _phase(cluster, ns, "load") == "Running", "the benchmark to run", timeout=90)
-    job = _get(cluster, ns, "job", "load-load")
+    job = fetch(cluster, ns, "job", "load-load")
     assert job is not None
-    [load] = _get(cluster, ns, "pods", "-l", "job-name=load-load")["items"]  # type: ignore[index]
+    [load] = fetch(cluster, ns, "pods", "-l", "job-name=load-load")["items"]  # type: ignore[index]
     assert load["spec"]["nodeName"] == node.NODE_NAME
     assert load["spec"]["containers"][0]["image"] == real_images.operator
     assert job["metadata"]["labels"][f"{GROUP}/scale-down-lock"] == "true"
     assert job["metadata"]["labels"][f"{GROUP}/lock-target"] == "svc"
     wait_for(
         lambda: (
-            condition(_get(cluster, ns, "vis", "svc"), "ScaleDownBlocked").get("status") == "True"
+            condition(fetch(cluster, ns, "vis", "svc"), "ScaleDownBlocked").get("status") == "True"
         ),
         "ScaleDownBlocked=True",
     )
-    blocked = condition(_get(cluster, ns, "vis", "svc"), "ScaleDownBlocked")
+    blocked = condition(fetch(cluster, ns, "vis", "svc"), "ScaleDownBlocked")
     assert "load" in blocked["message"]
 
     # Every way down is refused while it runs ...
@@ -198,7 +177,7 @@ def test_a_benchmark_runs_and_no_path_can_scale_its_target_down(
         lambda: any(
             e.get("reason") == "FailedRescale"
             for e in (
-                _get(
+                fetch(
                     cluster,
                     ns,
                     "events",
@@ -220,7 +199,7 @@ def test_a_benchmark_runs_and_no_path_can_scale_its_target_down(
 
     bench = wait_for(
         lambda: (
-            (b := _get(cluster, ns, "inferencebenchmark", "load"))
+            (b := fetch(cluster, ns, "inferencebenchmark", "load"))
             and b.get("status", {}).get("phase") in ("Succeeded", "Failed")
             and b
         ),
@@ -238,7 +217,7 @@ def test_a_benchmark_runs_and_no_path_can_scale_its_target_down(
     # benchmark's own status change then reconciles the target again.
     isvc = wait_for(
         lambda: (
-            (i := _get(cluster, ns, "vis", "svc"))
+            (i := fetch(cluster, ns, "vis", "svc"))
             and condition(i, "ScaleDownBlocked").get("status") == "False"
             and "lastBenchmark" in i["status"]
             and i
@@ -260,23 +239,22 @@ def test_the_lock_clears_when_the_operator_is_down_as_the_benchmark_ends(
     cluster.apply(_target("svc", 2, real_images.fault_server), namespace=ns)
     wait_for(
         lambda: (
-            (i := _get(cluster, ns, "vis", "svc")) and condition(i, "Ready").get("status") == "True"
+            (i := fetch(cluster, ns, "vis", "svc"))
+            and condition(i, "Ready").get("status") == "True"
         ),
         "Ready",
         timeout=120,
     )
-    cluster.apply(_bench("short", "svc", 10), namespace=ns)
+    cluster.apply(benchmark("short", "svc", 10), namespace=ns)
     wait_for(lambda: _phase(cluster, ns, "short") == "Running", "the benchmark to run", timeout=90)
     operator.stop()  # the Deployment scaled to 0: no operator pod at all
     try:
         _refused(cluster, "scale", "vis", "svc", "-n", ns, "--replicas=1")
         # The load Job ends: the lock it is goes with it, no operator needed.
         wait_for(
-            lambda: any(
-                c.get("type") == "Complete" and c.get("status") == "True"
-                for c in (_get(cluster, ns, "job", "short-load") or {})
-                .get("status", {})
-                .get("conditions", [])
+            lambda: (
+                condition(fetch(cluster, ns, "job", "short-load"), "Complete").get("status")
+                == "True"
             ),
             "the load Job to finish without the operator",
             timeout=180,
@@ -293,7 +271,7 @@ def test_the_lock_clears_when_the_operator_is_down_as_the_benchmark_ends(
 
 
 def _server_pods(cluster: ClusterHandle, ns: str) -> dict[str, dict[str, Any]]:
-    found = _get(cluster, ns, "pods", "-l", f"{LABEL_SERVICE}=svc") or {}
+    found = fetch(cluster, ns, "pods", "-l", f"{LABEL_SERVICE}=svc") or {}
     return {p["metadata"]["name"]: p for p in found.get("items", [])}
 
 
@@ -307,16 +285,16 @@ def test_a_chaos_restart_evicts_a_server_mid_run_and_loses_no_request(
     # Warmup on, as a user runs it: the replacement takes traffic only once warmed, and
     # the evicted pod drains (preStop, then the server's --shutdown-timeout), so the
     # restart costs no request.
-    target = _isvc("svc", "slow", real_images.fault_server, replicas=2)
+    target = fault_isvc("svc", "slow", real_images.fault_server, replicas=2)
     cluster.apply(target, namespace=ns)
     _wait_ready(cluster, ns, 2)
     before = set(_server_pods(cluster, ns))
     assert len(before) == 2
-    bench = _bench("restart", "svc", 12)
+    bench = benchmark("restart", "svc", 12)
     bench["spec"]["chaos"] = {"ratePerSecond": 2, "restart": {"afterSeconds": 3}}
     cluster.apply(bench, namespace=ns)
     wait_for(lambda: _phase(cluster, ns, "restart") == "Running", "the benchmark", timeout=90)
-    role = _get(cluster, ns, "role", "restart-load") or {}
+    role = fetch(cluster, ns, "role", "restart-load") or {}
     assert role["rules"][1]["resources"] == ["pods/eviction"]
     assert sorted(role["rules"][1]["resourceNames"]) == sorted(before)
     # The Job's account may evict those pods and nothing else about pods.
@@ -346,7 +324,7 @@ def test_a_chaos_restart_evicts_a_server_mid_run_and_loses_no_request(
     wait_for(
         lambda: (
             evicted not in _server_pods(cluster, ns)
-            and _get(cluster, ns, "vis", "svc").get("status", {}).get("readyReplicas") == 2
+            and fetch(cluster, ns, "vis", "svc").get("status", {}).get("readyReplicas") == 2
         ),  # type: ignore[union-attr]
         "the evicted pod replaced",
         timeout=120,
@@ -365,14 +343,14 @@ def test_a_noisy_neighbour_burns_beside_a_target_pod_only_through_its_run(
     (with a small CPU request, so it competes as a tenant's pod would) only through the
     perturbed run, and leaves when the load Job dismisses it."""
     ns = target_ns
-    target = _isvc("svc", "cpu", real_images.fault_server, replicas=1,
+    target = fault_isvc("svc", "cpu", real_images.fault_server, replicas=1,
                    warmup={"enabled": False})  # fmt: skip
     cluster.apply(target, namespace=ns)
     _wait_ready(cluster, ns, 1)
     (server,) = _server_pods(cluster, ns).values()
     node_name = server["spec"]["nodeName"]
     node_cpus = int(cluster.kubectl_json("get", "node", node_name)["status"]["capacity"]["cpu"])
-    bench = _bench("noisy", "svc", 15)
+    bench = benchmark("noisy", "svc", 15)
     bench["spec"]["arrival"] = {"process": "Constant", "ratePerSecond": 4}
     bench["spec"]["chaos"] = {
         "ratePerSecond": 4,
@@ -381,7 +359,7 @@ def test_a_noisy_neighbour_burns_beside_a_target_pod_only_through_its_run(
     cluster.apply(bench, namespace=ns)
     wait_for(lambda: _phase(cluster, ns, "noisy") == "Running", "the benchmark", timeout=90)
     pods = wait_for(
-        lambda: (_get(cluster, ns, "pods", "-l", "job-name=noisy-neighbour") or {}).get("items"),
+        lambda: (fetch(cluster, ns, "pods", "-l", "job-name=noisy-neighbour") or {}).get("items"),
         "the neighbour's pod",
         timeout=60,
     )
@@ -398,13 +376,13 @@ def test_a_noisy_neighbour_burns_beside_a_target_pod_only_through_its_run(
     # Dismissed at the end of the run, the neighbour exits and its Job completes.
     wait_for(
         lambda: (
-            condition(_get(cluster, ns, "job", "noisy-neighbour"), "Complete").get("status")
+            condition(fetch(cluster, ns, "job", "noisy-neighbour"), "Complete").get("status")
             == "True"
         ),
         "the neighbour's Job to complete",
         timeout=60,
     )
-    board = (_get(cluster, ns, "configmap", "noisy-results") or {}).get("data", {})
+    board = (fetch(cluster, ns, "configmap", "noisy-results") or {}).get("data", {})
     assert '"burning": false' in board["chaos-neighbour-state"], board
     assert '"done": true' in board["chaos-neighbour-order"], board
 
@@ -425,13 +403,13 @@ def test_deleting_a_benchmark_mid_burn_with_the_operator_down_takes_the_neighbou
         cluster.kubectl("delete", "inferencebenchmark", "gone", "-n", ns, "--wait=false")
         wait_for(
             lambda: (
-                not (_get(cluster, ns, "pods", "-l", "job-name=gone-neighbour") or {}).get("items")
+                not (fetch(cluster, ns, "pods", "-l", "job-name=gone-neighbour") or {}).get("items")
             ),
             "the neighbour's pod to go with its benchmark",
             timeout=120,
         )
-        assert _get(cluster, ns, "job", "gone-neighbour") is None
-        assert _get(cluster, ns, "job", "gone-load") is None
+        assert fetch(cluster, ns, "job", "gone-neighbour") is None
+        assert fetch(cluster, ns, "job", "gone-load") is None
     finally:
         operator.start()
 
@@ -445,7 +423,7 @@ def test_network_faults_move_the_measured_latency_by_what_was_injected(
     ns = target_ns
     cluster.apply(_target("svc", 1, real_images.fault_server), namespace=ns)
     _wait_ready(cluster, ns, 1)
-    bench = _bench("net", "svc", 20)
+    bench = benchmark("net", "svc", 20)
     bench["spec"]["chaos"] = {
         "ratePerSecond": 2,
         "network": {
@@ -486,8 +464,8 @@ def test_a_load_job_that_fails_mid_burn_takes_its_neighbour_with_it(
     wait_for(lambda: _phase(cluster, ns, "dies") == "Failed", "the benchmark to fail", timeout=120)
     wait_for(
         lambda: (
-            _get(cluster, ns, "job", "dies-neighbour") is None
-            and not (_get(cluster, ns, "pods", "-l", "job-name=dies-neighbour") or {}).get("items")
+            fetch(cluster, ns, "job", "dies-neighbour") is None
+            and not (fetch(cluster, ns, "pods", "-l", "job-name=dies-neighbour") or {}).get("items")
         ),
         "the neighbour's Job and pod to go",
         timeout=120,

@@ -23,12 +23,11 @@ import pytest
 import yaml
 
 from devenv.cluster.cluster import ClusterHandle
-from e2e.k8s_helpers import wait_for
+from e2e.framework import condition, gpu_isvc, wait_for
 from e2e.real_node_fixtures import ChartOperator, PodOperator
 
 # The scenario, collected again in this module against the pod.
 from e2e.test_operator import (  # noqa: F401
-    _isvc,
     _wait_ready,
     op,
     test_a_restart_mid_reconcile_leaves_no_twins_and_no_rollout,
@@ -63,12 +62,12 @@ def test_a_stall_is_recorded_with_one_event_under_the_service_account(
     op: PodOperator, namespace: str
 ) -> None:
     cluster = op.cluster
-    cluster.apply(_isvc("huge", gpu={"count": 16}), namespace=namespace)
+    cluster.apply(gpu_isvc("huge", gpu={"count": 16}), namespace=namespace)
 
     def stalled() -> Any:
         isvc = cluster.kubectl_json("get", "vis", "huge", "-n", namespace)
-        conds = {c["type"]: c for c in isvc.get("status", {}).get("conditions", [])}
-        return conds.get("Stalled", {}).get("status") == "True" and conds["Stalled"]
+        found = condition(isvc, "Stalled")
+        return found.get("status") == "True" and found
 
     reason = wait_for(stalled, "Stalled=True")["reason"]
     events = wait_for(
@@ -91,7 +90,7 @@ def test_a_benchmark_gets_its_load_identity_under_the_service_account(
     with only the chart's RBAC: RBAC refuses a Role that grants more than its creator
     holds, so this fails if the chart lacks a verb the Role grants."""
     cluster = op.cluster
-    cluster.apply(_isvc("chat"), namespace=namespace)
+    cluster.apply(gpu_isvc("chat"), namespace=namespace)
     _wait_ready(cluster, namespace, "chat")
     cluster.apply(
         {
@@ -135,7 +134,7 @@ def test_a_gitops_apply_shows_no_diff_after_the_operator_converged(
     cluster = op.cluster
     manifest = tmp_path / "chat.yaml"
     manifest.write_text(
-        yaml.safe_dump(_isvc("chat") | {"metadata": {"name": "chat", "namespace": namespace}})
+        yaml.safe_dump(gpu_isvc("chat") | {"metadata": {"name": "chat", "namespace": namespace}})
     )
     gitops = ["--server-side", "--field-manager=argocd-controller", "-f", str(manifest)]
     cluster.kubectl("apply", *gitops)
@@ -189,7 +188,7 @@ def test_the_scale_down_lock_refuses_lower_replicas_on_every_path(
     op: PodOperator, chart_operator: ChartOperator, namespace: str
 ) -> None:
     cluster = op.cluster
-    cluster.apply(_isvc("chat", replicas=2), namespace=namespace)
+    cluster.apply(gpu_isvc("chat", replicas=2), namespace=namespace)
     _wait_ready(cluster, namespace, "chat")
     image = chart_operator.pod["spec"]["containers"][0]["image"]
     cluster.apply(_lock(namespace, "chat", image))
@@ -213,7 +212,7 @@ def test_the_scale_down_lock_refuses_lower_replicas_on_every_path(
     cluster.kubectl("scale", "vis", "chat", "--replicas=3", "-n", namespace)
     wait_for(lambda: _replicas(cluster, namespace, "chat") == 3, "the scale-up under the lock")
     # Another service in the namespace is not locked.
-    cluster.apply(_isvc("other", replicas=2), namespace=namespace)
+    cluster.apply(gpu_isvc("other", replicas=2), namespace=namespace)
     cluster.kubectl("scale", "vis", "other", "--replicas=1", "-n", namespace)
     # The lock gone, scale-down works again.
     cluster.kubectl("delete", "job", "bench-chat-lock", "-n", namespace)
@@ -271,18 +270,18 @@ def test_a_users_objects_named_like_a_service_are_left_untouched(
         for doc in mine
     }  # fmt: skip
     for doc in mine:
-        cluster.apply(_isvc(doc["metadata"]["name"]), namespace=namespace)
+        cluster.apply(gpu_isvc(doc["metadata"]["name"]), namespace=namespace)
 
     for kind, obj in before.items():
         name = obj["metadata"]["name"]
 
         def stalled(name: str = name) -> Any:
             isvc = cluster.kubectl_json("get", "vis", name, "-n", namespace)
-            conds = {c["type"]: c for c in isvc.get("status", {}).get("conditions", [])}
-            return conds.get("Stalled", {}).get("status") == "True" and conds["Stalled"]
+            found = condition(isvc, "Stalled")
+            return found.get("status") == "True" and found
 
-        condition = wait_for(stalled, f"{name} Stalled with {kind}Conflict")
-        assert condition["reason"] == f"{kind}Conflict", condition
+        stall = wait_for(stalled, f"{name} Stalled with {kind}Conflict")
+        assert stall["reason"] == f"{kind}Conflict", stall
     # A few passes later still: nothing of the user's objects changed.
     for kind, obj in before.items():
         now = cluster.kubectl_json("get", kind.lower(), obj["metadata"]["name"], "-n", namespace)

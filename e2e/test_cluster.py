@@ -18,7 +18,7 @@ from devenv.ci import skip_or_fail
 from devenv.cluster import nodes as fake_nodes
 from devenv.cluster.cluster import ClusterHandle
 from devenv.cluster.processes import wait_until
-from e2e.k8s_helpers import condition, ready_addresses
+from e2e.framework import condition, ready_addresses
 
 pytestmark = pytest.mark.cluster
 

@@ -27,18 +27,15 @@ import pytest
 from devenv.cluster import node
 from devenv.cluster.cluster import ClusterHandle
 from devenv.cluster.images import Images
-from e2e.k8s_helpers import wait_for
+from e2e.framework import benchmark, fault_isvc, fetch, wait_for
 from e2e.real_node_fixtures import ChartOperator
 from e2e.test_benchmark import (
-    _bench,
     _chaos,
-    _get,
     _neighbour_burning,
     _print_chaos,
     _server_pods,
     _wait_ready,
 )
-from e2e.test_warmup import _isvc
 from vllm_operator.bench.neighbour import cpu_list
 
 LOAD_JOB_CPU = "300m"
@@ -70,7 +67,7 @@ def _run(
     """One server, pinned or not, and one benchmark with a neighbour beside it: its chaos
     entry, the server's cpuset and the neighbour's."""
     sizing = {"cpus": 1, "memory": "256Mi", "shmSize": "64Mi", "cpuPinning": pinned}
-    target = _isvc("svc", "cpu", images.fault_server, replicas=1, node=sizing,
+    target = fault_isvc("svc", "cpu", images.fault_server, replicas=1, node=sizing,
                    warmup={"enabled": False})  # fmt: skip
     cluster.apply(target, namespace=ns)
     _wait_ready(cluster, ns, 1)
@@ -81,7 +78,7 @@ def _run(
         wait_for(lambda: _cpus_allowed(cluster, ns, name) == "1", "an exclusive CPU", timeout=30)
     server_cpus = _cpus_allowed(cluster, ns, name)
     # 15 s a run at 4 requests/s: 60 requests for each median.
-    bench = _bench("noisy", "svc", 15)
+    bench = benchmark("noisy", "svc", 15)
     bench["spec"]["arrival"] = {"process": "Constant", "ratePerSecond": 4}
     bench["spec"]["chaos"] = {
         "ratePerSecond": 4,
@@ -90,13 +87,13 @@ def _run(
     cluster.apply(bench, namespace=ns)
 
     wait_for(lambda: _neighbour_burning(cluster, ns, "noisy"), "the burn", timeout=240)
-    (neighbour,) = (_get(cluster, ns, "pods", "-l", "job-name=noisy-neighbour") or {})["items"]
+    (neighbour,) = (fetch(cluster, ns, "pods", "-l", "job-name=noisy-neighbour") or {})["items"]
     neighbour_cpus = _cpus_allowed(cluster, ns, neighbour["metadata"]["name"])
     chaos = _chaos(cluster, ns, "noisy")
     # The server's CPU goes back before the next run asks for it.
     cluster.kubectl("delete", "inferencebenchmark,vis", "--all", "-n", ns, "--wait=true")
     wait_for(
-        lambda: not (_get(cluster, ns, "pods") or {}).get("items"),
+        lambda: not (fetch(cluster, ns, "pods") or {}).get("items"),
         "the run's pods to go",
         timeout=120,
     )

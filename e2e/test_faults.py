@@ -37,10 +37,10 @@ import yaml
 from devenv.ci import skip_or_fail
 from devenv.cluster import components, processes
 from devenv.cluster.cluster import ClusterHandle
-from e2e.k8s_helpers import wait_for
+from e2e.framework import fetch, gpu_isvc, wait_for
 from e2e.operator_fixtures import OperatorProcess, log_dir
 from e2e.tcp_proxy import StallingProxy
-from e2e.test_operator import _get, _isvc, _wait_ready
+from e2e.test_operator import _wait_ready
 
 # The bound the stalled operator's /healthz is held to, and its resync period: liveness
 # should fail about RESYNC_S + LIVENESS_S after the stall (the resync overdue by the bound).
@@ -91,7 +91,7 @@ def _patch_spec(cluster: ClusterHandle, ns: str, name: str, max_model_len: str) 
 
 
 def _observed(cluster: ClusterHandle, ns: str, name: str, generation: int) -> bool:
-    isvc: dict[str, Any] = _get(cluster, ns, "vis", name) or {}
+    isvc: dict[str, Any] = fetch(cluster, ns, "vis", name) or {}
     return bool(isvc.get("status", {}).get("observedGeneration", 0) >= generation)
 
 
@@ -155,7 +155,7 @@ def test_a_silent_connection_fails_liveness_and_the_change_is_reconciled_once_it
 ) -> None:
     op, proxy, health = own_operator
     cluster = op.cluster
-    cluster.apply(_isvc("chat"), namespace=namespace)
+    cluster.apply(gpu_isvc("chat"), namespace=namespace)
     _wait_ready(cluster, namespace, "chat")
     assert _healthz(health) == 200
 
@@ -212,7 +212,7 @@ def test_after_an_apiserver_restart_a_change_is_reconciled_within_seconds(
 ) -> None:
     op, _proxy, _health = own_operator
     cluster = op.cluster
-    cluster.apply(_isvc("chat"), namespace=namespace)
+    cluster.apply(gpu_isvc("chat"), namespace=namespace)
     _wait_ready(cluster, namespace, "chat")
 
     _kill_apiserver(cluster)

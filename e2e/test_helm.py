@@ -33,8 +33,7 @@ from e2e.chart_fixtures import (  # noqa: F401  (fixtures, used by name)
     service_account_kubeconfig,
     token_subject,
 )
-from e2e.k8s_helpers import wait_for
-from e2e.test_operator import _isvc
+from e2e.framework import gpu_isvc, wait_for
 
 GROUP = "inference.vllm-operator.dev"
 CRDS = [
@@ -370,7 +369,7 @@ def test_helm_uninstall_keeps_the_crds_and_their_objects_by_default(
     chart_release: Release, namespace: str
 ) -> None:
     cluster = chart_release.cluster
-    cluster.apply(_isvc("kept"), namespace=namespace)
+    cluster.apply(gpu_isvc("kept"), namespace=namespace)
     chart_release.uninstall()
     for crd in CRDS:
         cluster.kubectl("get", "crd", crd)

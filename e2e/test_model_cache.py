@@ -28,7 +28,7 @@ from devenv.cluster.cluster import ClusterHandle
 from devenv.cluster.images import Images
 from devenv.cluster.processes import wait_until
 from devenv.dev import answers, service_url
-from e2e.k8s_helpers import condition, delete_namespace
+from e2e.framework import condition, delete_namespace
 from e2e.real_node_fixtures import ChartOperator
 from e2e.test_real_node import SAMPLE
 
@@ -484,8 +484,7 @@ def test_download_failures_stall_with_their_reason(cluster: ClusterHandle, cache
         cache = _wait_reason(cluster, ns, "modelcache", name, reason)
         print(f"{name}: {reason}: {condition(cache, 'Ready')['message']}")
         assert cache["status"]["phase"] == "Failed"
-        stalled = next(c for c in cache["status"]["conditions"] if c["type"] == "Stalled")
-        assert stalled["status"] == "True"
+        assert condition(cache, "Stalled")["status"] == "True"
         job = _get(cluster, ns, "job", f"{name}-download")
         # Failed at once: a permanent failure is not retried.
         assert job["status"].get("failed", 0) == 1, job["status"]

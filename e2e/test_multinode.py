@@ -23,7 +23,7 @@ import pytest
 
 from devenv.cluster.cluster import ClusterHandle
 from devenv.cluster.nodes import GPUShape, NodeShape, render_node
-from e2e.k8s_helpers import condition, lock_job, wait_for
+from e2e.framework import condition, fetch, lock_job, wait_for
 from e2e.lws_fixtures import NAMESPACE_LABEL, LwsController
 from e2e.operator_fixtures import OperatorProcess
 
@@ -86,16 +86,8 @@ def _isvc(replicas: int) -> dict[str, Any]:
     }
 
 
-def _get(cluster: ClusterHandle, ns: str, *what: str) -> dict[str, Any] | None:
-    proc = cluster.kubectl("get", *what, "-n", ns, "-o", "json", check=False)
-    if proc.returncode != 0:
-        return None
-    obj: dict[str, Any] = json.loads(proc.stdout)
-    return obj
-
-
 def _pods(cluster: ClusterHandle, ns: str) -> list[dict[str, Any]]:
-    found = _get(cluster, ns, "pods", "-l", f"{LWS_NAME_LABEL}=big") or {}
+    found = fetch(cluster, ns, "pods", "-l", f"{LWS_NAME_LABEL}=big") or {}
     return [p for p in found.get("items", []) if not p["metadata"].get("deletionTimestamp")]
 
 
@@ -122,7 +114,7 @@ def _groups_running(cluster: ClusterHandle, ns: str, count: int) -> bool:
 
 
 def _service(cluster: ClusterHandle, ns: str) -> dict[str, Any]:
-    return _get(cluster, ns, "vis", "big") or {}
+    return fetch(cluster, ns, "vis", "big") or {}
 
 
 def _ready_with(cluster: ClusterHandle, ns: str, groups: int) -> bool:
@@ -137,7 +129,7 @@ def _ready_with(cluster: ClusterHandle, ns: str, groups: int) -> bool:
 
 
 def _lws(cluster: ClusterHandle, ns: str) -> dict[str, Any]:
-    return _get(cluster, ns, "leaderworkerset", "big") or {}
+    return fetch(cluster, ns, "leaderworkerset", "big") or {}
 
 
 def _scale(cluster: ClusterHandle, ns: str, kind: str, replicas: int, *, check: bool = True) -> Any:
@@ -159,7 +151,7 @@ def test_a_multi_node_service_runs_as_groups_on_the_real_lws_controller(
     # The group: a LeaderWorkerSet of one group of two pods, owned by the service, no
     # Deployment; both pods scheduled on this module's nodes, one per node, in one rack.
     lws = wait_for(lambda: _lws(cluster, ns).get("spec") and _lws(cluster, ns), "the LWS", 90)
-    assert _get(cluster, ns, "deployment", "big") is None
+    assert fetch(cluster, ns, "deployment", "big") is None
     assert lws["spec"]["leaderWorkerTemplate"]["size"] == 2
     assert lws["metadata"]["ownerReferences"][0]["kind"] == "InferenceService"
     assert lws["metadata"]["annotations"]["leaderworkerset.sigs.k8s.io/exclusive-topology"] == RACK
@@ -222,7 +214,7 @@ def test_a_multi_node_service_runs_as_groups_on_the_real_lws_controller(
     cluster.kubectl("delete", "pod", worker_name, "-n", ns, "--wait=false")
 
     def leader_deleted() -> bool:
-        leader = _get(cluster, ns, "pod", "big-0")
+        leader = fetch(cluster, ns, "pod", "big-0")
         return (
             leader is None
             or leader["metadata"]["uid"] != group0["big-0"]

@@ -10,25 +10,16 @@ from typing import Any
 import pytest
 
 from devenv.cluster.cluster import ClusterHandle
-from e2e.k8s_helpers import condition, lock_job, ready_addresses, wait_for
+from e2e.framework import (
+    GROUP,
+    condition,
+    fetch,
+    gpu_isvc,
+    lock_job,
+    ready_addresses,
+    wait_for,
+)
 from e2e.operator_fixtures import OperatorProcess
-
-GROUP = "inference.vllm-operator.dev"
-
-
-def _isvc(name: str, **spec: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "apiVersion": f"{GROUP}/v1alpha1",
-        "kind": "InferenceService",
-        "metadata": {"name": name},
-        "spec": {
-            "model": {"source": {"huggingFace": {"repo": "Qwen/Qwen2.5-0.5B-Instruct"}}},
-            "gpu": {"count": 1, "products": ["NVIDIA-GeForce-RTX-4090"]},
-            "warmup": {"enabled": False},
-        },
-    }
-    body["spec"].update(spec)
-    return body
 
 
 def _await_pass(op: OperatorProcess, ns: str, name: str, mark: Any, timeout: float = 120) -> None:
@@ -36,14 +27,6 @@ def _await_pass(op: OperatorProcess, ns: str, name: str, mark: Any, timeout: flo
     the operator's log): the debug line the operator writes after each pass."""
     line = f"Reconciled InferenceService {ns}/{name}:"
     wait_for(lambda: line in op.log_since(mark), f"a reconcile pass of {ns}/{name}", timeout)
-
-
-def _get(cluster: ClusterHandle, ns: str, *what: str) -> dict[str, Any] | None:
-    proc = cluster.kubectl("get", *what, "-n", ns, "-o", "json", check=False)
-    if proc.returncode != 0:
-        return None
-    obj: dict[str, Any] = json.loads(proc.stdout)
-    return obj
 
 
 def _wait_ready(cluster: ClusterHandle, ns: str, name: str, timeout: int = 90) -> None:
@@ -69,13 +52,13 @@ def test_a_service_gets_owned_children_and_becomes_ready(
     op: OperatorProcess, namespace: str
 ) -> None:
     cluster = op.cluster
-    cluster.apply(_isvc("chat"), namespace=namespace)
+    cluster.apply(gpu_isvc("chat"), namespace=namespace)
     _wait_ready(cluster, namespace, "chat")
-    isvc = _get(cluster, namespace, "vis", "chat")
+    isvc = fetch(cluster, namespace, "vis", "chat")
     assert isvc is not None
     uid = isvc["metadata"]["uid"]
     for kind in ("deployment", "service", "poddisruptionbudget"):
-        child = _get(cluster, namespace, kind, "chat")
+        child = fetch(cluster, namespace, kind, "chat")
         assert child is not None, f"{kind} chat was not created"
         owners = child["metadata"]["ownerReferences"]
         assert owners == [
@@ -88,12 +71,12 @@ def test_a_service_gets_owned_children_and_becomes_ready(
                 "blockOwnerDeletion": True,
             }
         ]
-    pods = _get(cluster, namespace, "pods", "-l", f"{GROUP}/inference-service=chat")
+    pods = fetch(cluster, namespace, "pods", "-l", f"{GROUP}/inference-service=chat")
     assert pods is not None
     assert [p["spec"]["nodeName"] for p in pods["items"]] == ["gpu-4090x2"]
     # Ready came only once the Service routes to the pod: its EndpointSlice (found by the
     # label the controller copied from the Service) lists the pod's address as ready.
-    slices = _get(cluster, namespace, "endpointslices", "-l", f"{GROUP}/inference-service=chat")
+    slices = fetch(cluster, namespace, "endpointslices", "-l", f"{GROUP}/inference-service=chat")
     assert slices is not None
     assert ready_addresses(slices["items"], "chat") == [pods["items"][0]["status"]["podIP"]]
     status = isvc["status"]
@@ -110,9 +93,9 @@ def test_a_spec_change_rolls_out_and_observed_generation_follows(
     op: OperatorProcess, namespace: str
 ) -> None:
     cluster = op.cluster
-    cluster.apply(_isvc("chat"), namespace=namespace)
+    cluster.apply(gpu_isvc("chat"), namespace=namespace)
     _wait_ready(cluster, namespace, "chat")
-    before = _get(cluster, namespace, "deployment", "chat")
+    before = fetch(cluster, namespace, "deployment", "chat")
     assert before is not None
     cluster.kubectl(
         "patch",
@@ -126,7 +109,7 @@ def test_a_spec_change_rolls_out_and_observed_generation_follows(
     )
 
     def rolled() -> bool:
-        dep = _get(cluster, namespace, "deployment", "chat") or {}
+        dep = fetch(cluster, namespace, "deployment", "chat") or {}
         args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
         return (
             "--max-model-len" in args
@@ -136,7 +119,7 @@ def test_a_spec_change_rolls_out_and_observed_generation_follows(
     wait_for(rolled, "the Deployment to carry the override")
     isvc = wait_for(
         lambda: (
-            (i := _get(cluster, namespace, "vis", "chat"))
+            (i := fetch(cluster, namespace, "vis", "chat"))
             and i["status"]["observedGeneration"] == i["metadata"]["generation"]
             and condition(i, "Ready").get("status") == "True"
             and i
@@ -151,11 +134,11 @@ def test_children_edited_or_deleted_by_hand_are_restored(
     op: OperatorProcess, namespace: str
 ) -> None:
     cluster = op.cluster
-    cluster.apply(_isvc("chat"), namespace=namespace)
+    cluster.apply(gpu_isvc("chat"), namespace=namespace)
     _wait_ready(cluster, namespace, "chat")
 
     def image() -> str | None:
-        dep = _get(cluster, namespace, "deployment", "chat") or {}
+        dep = fetch(cluster, namespace, "deployment", "chat") or {}
         containers = dep.get("spec", {}).get("template", {}).get("spec", {}).get("containers")
         return str(containers[0]["image"]) if containers else None
 
@@ -181,9 +164,9 @@ def test_children_edited_or_deleted_by_hand_are_restored(
     )
     wait_for(lambda: image() == rendered, "the image to be restored")
     cluster.kubectl("delete", "service", "chat", "-n", namespace)
-    wait_for(lambda: _get(cluster, namespace, "service", "chat"), "the Service to be recreated")
+    wait_for(lambda: fetch(cluster, namespace, "service", "chat"), "the Service to be recreated")
     cluster.kubectl("delete", "pdb", "chat", "-n", namespace)
-    wait_for(lambda: _get(cluster, namespace, "pdb", "chat"), "the PDB to be recreated")
+    wait_for(lambda: fetch(cluster, namespace, "pdb", "chat"), "the PDB to be recreated")
 
 
 @pytest.mark.parametrize("running", [True, False], ids=["operator running", "operator stopped"])
@@ -191,16 +174,16 @@ def test_deleting_the_service_garbage_collects_its_children(
     op: OperatorProcess, namespace: str, running: bool
 ) -> None:
     cluster = op.cluster
-    cluster.apply(_isvc("chat"), namespace=namespace)
+    cluster.apply(gpu_isvc("chat"), namespace=namespace)
     _wait_ready(cluster, namespace, "chat")
     if not running:
         op.stop()
     try:
         cluster.kubectl("delete", "vis", "chat", "-n", namespace, "--wait=true", "--timeout=30s")
         for kind in ("deployment", "service", "pdb"):
-            wait_for(lambda k=kind: _get(cluster, namespace, k, "chat") is None, f"{kind} to go")
+            wait_for(lambda k=kind: fetch(cluster, namespace, k, "chat") is None, f"{kind} to go")
         wait_for(
-            lambda: not (_get(cluster, namespace, "pods") or {"items": [1]})["items"],
+            lambda: not (fetch(cluster, namespace, "pods") or {"items": [1]})["items"],
             "the pods to go",
         )
     finally:
@@ -212,29 +195,29 @@ def test_an_unsatisfiable_spec_stalls_without_a_retry_storm(
     op: OperatorProcess, namespace: str
 ) -> None:
     cluster = op.cluster
-    huge = _isvc("huge", gpu={"count": 16})
+    huge = gpu_isvc("huge", gpu={"count": 16})
     huge["spec"]["model"] = {"source": {"huggingFace": {"repo": "meta-llama/Llama-3.1-8B"}}}
     cluster.apply(huge, namespace=namespace)
     stalled = wait_for(
         lambda: (
-            condition(_get(cluster, namespace, "vis", "huge"), "Stalled").get("status") == "True"
-            and condition(_get(cluster, namespace, "vis", "huge"), "Stalled")
+            condition(fetch(cluster, namespace, "vis", "huge"), "Stalled").get("status") == "True"
+            and condition(fetch(cluster, namespace, "vis", "huge"), "Stalled")
         ),
         "Stalled=True",
     )
     assert stalled["reason"] == "NotEnoughGPUs"
     assert "16 GPUs" in stalled["message"]
-    ready = condition(_get(cluster, namespace, "vis", "huge"), "Ready")
+    ready = condition(fetch(cluster, namespace, "vis", "huge"), "Ready")
     assert ready["status"] == "False" and ready["reason"] == "NotEnoughGPUs"
-    assert _get(cluster, namespace, "deployment", "huge") is None, "nothing that cannot run"
+    assert fetch(cluster, namespace, "deployment", "huge") is None, "nothing that cannot run"
     # Over the next reconcile pass (a resync's) the object is left alone: one event,
     # status unchanged.
-    first = _get(cluster, namespace, "vis", "huge")
+    first = fetch(cluster, namespace, "vis", "huge")
     _await_pass(op, namespace, "huge", op.log_mark())
-    again = _get(cluster, namespace, "vis", "huge")
+    again = fetch(cluster, namespace, "vis", "huge")
     assert first and again
     assert again["metadata"]["resourceVersion"] == first["metadata"]["resourceVersion"]
-    events = _get(cluster, namespace, "events", "--field-selector", "involvedObject.name=huge")
+    events = fetch(cluster, namespace, "events", "--field-selector", "involvedObject.name=huge")
     assert events is not None
     reasons = [e["reason"] for e in events["items"]]
     if reasons.count("NotEnoughGPUs") != 1:
@@ -280,10 +263,12 @@ def test_an_internal_error_that_repeats_stalls_the_service_and_clears_after_a_ch
     }
     cluster.apply(hook)
     try:
-        cluster.apply(_isvc("hooked"), namespace=namespace)
+        cluster.apply(gpu_isvc("hooked"), namespace=namespace)
         stalled = wait_for(
             lambda: (
-                (c := condition(_get(cluster, namespace, "vis", "hooked"), "Stalled")).get("reason")
+                (c := condition(fetch(cluster, namespace, "vis", "hooked"), "Stalled")).get(
+                    "reason"
+                )
                 == "ApiServerError"
                 and c
             ),
@@ -293,7 +278,7 @@ def test_an_internal_error_that_repeats_stalls_the_service_and_clears_after_a_ch
         assert stalled["status"] == "True"
         assert "5 times in a row" in stalled["message"]
         assert "failed calling webhook" in stalled["message"], stalled["message"]
-        assert _get(cluster, namespace, "deployment", "hooked") is None
+        assert fetch(cluster, namespace, "deployment", "hooked") is None
     finally:
         cluster.kubectl("delete", "validatingwebhookconfiguration", webhook, check=False)
     cluster.kubectl("annotate", "vis", "hooked", "-n", namespace, "e2e/touched=1")
@@ -302,19 +287,19 @@ def test_an_internal_error_that_repeats_stalls_the_service_and_clears_after_a_ch
 
 def test_kubectl_scale_changes_the_replicas(op: OperatorProcess, namespace: str) -> None:
     cluster = op.cluster
-    cluster.apply(_isvc("chat"), namespace=namespace)
+    cluster.apply(gpu_isvc("chat"), namespace=namespace)
     _wait_ready(cluster, namespace, "chat")
     cluster.kubectl("scale", "vis", "chat", "-n", namespace, "--replicas=2")
     wait_for(
         lambda: (
-            (_get(cluster, namespace, "deployment", "chat") or {}).get("spec", {}).get("replicas")
+            (fetch(cluster, namespace, "deployment", "chat") or {}).get("spec", {}).get("replicas")
             == 2
         ),
         "the Deployment to have 2 replicas",
     )
     wait_for(
         lambda: (
-            (i := _get(cluster, namespace, "vis", "chat"))
+            (i := fetch(cluster, namespace, "vis", "chat"))
             and i["status"].get("readyReplicas") == 2
             and condition(i, "Ready").get("status") == "True"
         ),
@@ -335,33 +320,33 @@ def test_a_restart_mid_reconcile_leaves_no_twins_and_no_rollout(
     op: OperatorProcess, namespace: str
 ) -> None:
     cluster = op.cluster
-    cluster.apply(_isvc("chat"), namespace=namespace)
+    cluster.apply(gpu_isvc("chat"), namespace=namespace)
     # Killed mid-reconcile: once its first child exists, before the rest and the status.
-    wait_for(lambda: _get(cluster, namespace, "deployment", "chat"), "the first child", timeout=60)
+    wait_for(lambda: fetch(cluster, namespace, "deployment", "chat"), "the first child", timeout=60)
     op.stop(kill=True)
     op.start()
     _wait_ready(cluster, namespace, "chat")
-    dep = _get(cluster, namespace, "deployment", "chat")
+    dep = fetch(cluster, namespace, "deployment", "chat")
     assert dep is not None
     generation = dep["metadata"]["generation"]
-    rs_before = _get(cluster, namespace, "replicasets")
+    rs_before = fetch(cluster, namespace, "replicasets")
     assert rs_before is not None and len(rs_before["items"]) == 1
     # A second restart with everything converged must change nothing.
     op.stop(kill=True)
     mark = op.log_mark()
     op.start()
-    isvc = _get(cluster, namespace, "vis", "chat")
+    isvc = fetch(cluster, namespace, "vis", "chat")
     assert isvc is not None
     # The restarted operator's first pass over the service (its start lists every object).
     _await_pass(op, namespace, "chat", mark)
-    dep_after = _get(cluster, namespace, "deployment", "chat")
+    dep_after = fetch(cluster, namespace, "deployment", "chat")
     assert dep_after is not None
     assert dep_after["metadata"]["generation"] == generation, "an unchanged Deployment rolled out"
-    deployments = _get(cluster, namespace, "deployments")
+    deployments = fetch(cluster, namespace, "deployments")
     assert deployments is not None and len(deployments["items"]) == 1
-    replicasets = _get(cluster, namespace, "replicasets")
+    replicasets = fetch(cluster, namespace, "replicasets")
     assert replicasets is not None and len(replicasets["items"]) == 1
-    services = _get(cluster, namespace, "services")
+    services = fetch(cluster, namespace, "services")
     assert services is not None and len(services["items"]) == 1
 
 
@@ -369,7 +354,7 @@ def test_an_hpa_scales_the_service_through_its_scale_subresource(
     op: OperatorProcess, namespace: str
 ) -> None:
     cluster = op.cluster
-    cluster.apply(_isvc("chat"), namespace=namespace)
+    cluster.apply(gpu_isvc("chat"), namespace=namespace)
     _wait_ready(cluster, namespace, "chat")
     # Below minReplicas the HPA controller raises the target to the minimum without any
     # metric (there is no metrics-server here): enough to show it drives our scale.
@@ -401,14 +386,14 @@ def test_an_hpa_scales_the_service_through_its_scale_subresource(
     )
     wait_for(
         lambda: (
-            (_get(cluster, namespace, "vis", "chat") or {}).get("spec", {}).get("replicas") == 2
+            (fetch(cluster, namespace, "vis", "chat") or {}).get("spec", {}).get("replicas") == 2
         ),
         "the HPA to set spec.replicas to 2",
         timeout=90,
     )
     wait_for(
         lambda: (
-            (_get(cluster, namespace, "deployment", "chat") or {}).get("spec", {}).get("replicas")
+            (fetch(cluster, namespace, "deployment", "chat") or {}).get("spec", {}).get("replicas")
             == 2
         ),
         "the Deployment to follow",
@@ -445,19 +430,19 @@ def test_hpa_mode_hands_the_real_hpa_controller_the_scale_subresource_and_the_lo
     )
 
     def hpa_condition(type_: str) -> dict[str, Any]:
-        return condition(_get(cluster, ns, "hpa", "hpa"), type_)
+        return condition(fetch(cluster, ns, "hpa", "hpa"), type_)
 
     # The real HPA controller read the InferenceService's scale subresource ...
     wait_for(lambda: hpa_condition("AbleToScale").get("status") == "True", "AbleToScale", 90)
     # ... and, with no metrics adapter in this cluster, says it cannot get the metric.
     active = wait_for(lambda: hpa_condition("ScalingActive") or None, "ScalingActive", 90)
     assert "vllm_num_requests_waiting" in active.get("message", ""), active
-    hpa = _get(cluster, ns, "hpa", "hpa")
+    hpa = fetch(cluster, ns, "hpa", "hpa")
     assert hpa is not None
     assert hpa["spec"]["metrics"][0]["pods"]["target"]["averageValue"] in ("500m", "0.5")
     assert hpa["spec"]["behavior"]["scaleDown"]["selectPolicy"] == "Max"
     wait_for(
-        lambda: ((_get(cluster, ns, "vis", "hpa") or {}).get("status", {}).get("autoscaling")
+        lambda: ((fetch(cluster, ns, "vis", "hpa") or {}).get("status", {}).get("autoscaling")
                  or {}).get("horizontalPodAutoscaler") == "hpa",
         "status.autoscaling to name the HPA",
         30,
@@ -467,10 +452,10 @@ def test_hpa_mode_hands_the_real_hpa_controller_the_scale_subresource_and_the_lo
     cluster.apply(lock_job("hpa"), namespace=ns)
 
     def select_policy() -> str:
-        found = _get(cluster, ns, "hpa", "hpa") or {}
+        found = fetch(cluster, ns, "hpa", "hpa") or {}
         return str(found["spec"]["behavior"]["scaleDown"]["selectPolicy"])
 
-    wait_for(lambda: _get(cluster, ns, "job", "lock", ) and select_policy() == "Disabled",
+    wait_for(lambda: fetch(cluster, ns, "job", "lock", ) and select_policy() == "Disabled",
           "scale-down Disabled", 60)  # fmt: skip
     cluster.kubectl("delete", "job", "lock", "-n", ns)
     wait_for(lambda: select_policy() == "Max", "scale-down back on", 60)
@@ -479,4 +464,4 @@ def test_hpa_mode_hands_the_real_hpa_controller_the_scale_subresource_and_the_lo
         "patch", "vis", "hpa", "-n", ns, "--type=merge",
         "-p", '{"spec": {"autoscaling": {"enabled": false}}}',
     )  # fmt: skip
-    wait_for(lambda: _get(cluster, ns, "hpa", "hpa") is None, "the HPA to go", 60)
+    wait_for(lambda: fetch(cluster, ns, "hpa", "hpa") is None, "the HPA to go", 60)

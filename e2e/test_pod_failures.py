@@ -26,9 +26,8 @@ import yaml
 
 from devenv.cluster.cluster import ClusterHandle
 from devenv.cluster.images import Images
-from e2e.k8s_helpers import condition, wait_for
+from e2e.framework import condition, fetch, wait_for
 from e2e.real_node_fixtures import ChartOperator
-from e2e.test_operator import _get
 
 SAMPLE = yaml.safe_load((Path(__file__).parents[1] / "examples" / "dev-sample.yaml").read_text())
 
@@ -45,21 +44,14 @@ def _service(name: str, **spec: Any) -> dict[str, Any]:
 
 
 def _ready_says(cluster: ClusterHandle, ns: str, name: str, reason: str) -> dict[str, Any] | None:
-    obj = _get(cluster, ns, "vis", name)
+    obj = fetch(cluster, ns, "vis", name)
     if obj and condition(obj, "Ready").get("reason") == reason:
         return obj
     return None
 
 
-def _conditions(obj: dict[str, Any]) -> dict[str, tuple[str, str, str]]:
-    return {
-        c["type"]: (c["status"], c["reason"], c.get("message", ""))
-        for c in obj["status"]["conditions"]
-    }
-
-
 def _warned(cluster: ClusterHandle, ns: str, name: str, reason: str) -> bool:
-    events = _get(cluster, ns, "events", "--field-selector",
+    events = fetch(cluster, ns, "events", "--field-selector",
                   f"involvedObject.name={name},reason={reason},type=Warning")  # fmt: skip
     return bool((events or {}).get("items"))
 
@@ -96,9 +88,10 @@ def test_crash_loops_from_vllms_own_errors_stall_with_the_log_line(
             f"{name}: Ready={reason} and Stalled=True",
             timeout=240,
         )
-        conds = _conditions(obj)
-        assert conds["Stalled"][1] == reason and conds["Reconciling"][0] == "False", conds
-        message = conds["Ready"][2]
+        conds = obj["status"]["conditions"]
+        assert condition(obj, "Stalled")["reason"] == reason, conds
+        assert condition(obj, "Reconciling")["status"] == "False", conds
+        message = condition(obj, "Ready").get("message", "")
         assert "container vllm exited" in message and "CrashLoopBackOff" in message, message
         assert line in message, message
         assert _warned(cluster, ns, name, reason)
@@ -127,9 +120,11 @@ def test_oom_image_pull_and_unschedulable_are_named(
         "nowhere: Ready=Unschedulable",
         timeout=120,
     )
-    conds = _conditions(nowhere)
-    assert conds["Stalled"][0] == "False" and conds["Reconciling"][:2] == ("True", "Unschedulable")
-    assert "Insufficient memory" in conds["Ready"][2], conds
+    conds = nowhere["status"]["conditions"]
+    reconciling = condition(nowhere, "Reconciling")
+    assert condition(nowhere, "Stalled")["status"] == "False", conds
+    assert (reconciling["status"], reconciling["reason"]) == ("True", "Unschedulable"), conds
+    assert "Insufficient memory" in condition(nowhere, "Ready").get("message", ""), conds
     nopull = wait_for(
         lambda: (
             (o := _ready_says(cluster, ns, "nopull", "ImagePullFailed"))
@@ -139,12 +134,12 @@ def test_oom_image_pull_and_unschedulable_are_named(
         "nopull: Ready=ImagePullFailed and Stalled=True",
         timeout=180,
     )
-    assert missing in _conditions(nopull)["Ready"][2]
+    assert missing in condition(nopull, "Ready").get("message", "")
     oom = wait_for(
         lambda: _ready_says(cluster, ns, "oom", "OOMKilled"),
         "oom: Ready=OOMKilled",
         timeout=240,
     )
-    assert "memory limit of" in _conditions(oom)["Ready"][2]
+    assert "memory limit of" in condition(oom, "Ready").get("message", "")
     for obj in (nowhere, nopull, oom):
-        print(f"\n{obj['metadata']['name']}: {_conditions(obj)['Ready'][2]}")
+        print(f"\n{obj['metadata']['name']}: {condition(obj, 'Ready').get('message', '')}")

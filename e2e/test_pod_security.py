@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from devenv.cluster.cluster import ClusterHandle
+from e2e.framework import create_namespace
 
 GOLDEN = Path(__file__).parents[1] / "tests" / "golden"
 # Fields that name other objects, which admission plugins other than Pod Security look up
@@ -68,20 +69,11 @@ def _pod(name: str, template: dict[str, Any]) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def restricted_ns(cluster: ClusterHandle) -> Iterator[str]:
     name = f"e2e-psa-{secrets.token_hex(3)}"
-    cluster.apply(
-        {
-            "apiVersion": "v1",
-            "kind": "Namespace",
-            "metadata": {
-                "name": name,
-                "labels": {
-                    "pod-security.kubernetes.io/enforce": "restricted",
-                    "pod-security.kubernetes.io/enforce-version": "latest",
-                },
-            },
-        }
-    )
-    cluster.kubectl("wait", "--for=create", "serviceaccount/default", "-n", name, "--timeout=60s")
+    labels = {
+        "pod-security.kubernetes.io/enforce": "restricted",
+        "pod-security.kubernetes.io/enforce-version": "latest",
+    }
+    create_namespace(cluster, name, labels=labels)
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 

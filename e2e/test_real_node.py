@@ -32,7 +32,7 @@ from devenv.cluster.images import Images
 from devenv.cluster.processes import wait_until
 from devenv.dev import answers, service_url
 from devenv.vllm_server import Streams
-from e2e.k8s_helpers import condition, delete_namespace
+from e2e.framework import condition, delete_namespace
 from e2e.real_node_fixtures import ChartOperator, operator_pod
 from vllm_operator.bench.archive import unpack
 from vllm_operator.constants import LABEL_SERVICE as SERVICE_LABEL
@@ -254,8 +254,8 @@ def _bench_status(cluster: ClusterHandle, ns: str, name: str) -> dict[str, Any]:
 
 
 def _ready_reason(status: dict[str, Any]) -> str | None:
-    ready = [c for c in status.get("conditions", []) if c["type"] == "Ready"]
-    return ready[0].get("reason") if ready else None
+    reason: str | None = condition({"status": status}, "Ready").get("reason")
+    return reason
 
 
 def test_a_benchmark_reads_its_dataset_and_leaves_every_request_in_its_results_config_map(
@@ -607,11 +607,11 @@ def test_the_real_node_produces_image_pull_crash_loop_oom_and_unschedulable_pods
     assert _last_terminated(cluster, ns, "oom")["exitCode"] == 137
     wait_until(
         "PodScheduled=False, Unschedulable",
-        lambda: any(
-            c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable"
-            for c in cluster.kubectl_json("get", "pod", "fits-nowhere", "-n", ns)["status"].get(
-                "conditions", []
-            )
+        lambda: (
+            condition(
+                cluster.kubectl_json("get", "pod", "fits-nowhere", "-n", ns), "PodScheduled"
+            ).get("reason")
+            == "Unschedulable"
         ),
         60,
     )

@@ -29,49 +29,10 @@ from devenv.cluster.cluster import ClusterHandle
 from devenv.cluster.images import Images
 from devenv.cluster.processes import wait_until
 from devenv.dev import service_url
-from e2e.k8s_helpers import condition
+from e2e.framework import condition, fault_isvc
 from e2e.real_node_fixtures import ChartOperator
-from vllm_operator.constants import GROUP, LABEL_SERVICE, LABEL_WARMUP_FOR
+from vllm_operator.constants import LABEL_SERVICE, LABEL_WARMUP_FOR
 from vllm_operator.constants import WARMED_UP_CONDITION as GATE
-
-TINY_ARCH = {
-    "numLayers": 2,
-    "hiddenSize": 256,
-    "numAttentionHeads": 4,
-    "numKeyValueHeads": 2,
-    "headDim": 64,
-    "intermediateSize": 512,
-    "vocabSize": 512,
-    "maxPositionEmbeddings": 2048,
-}
-
-
-def _isvc(name: str, mode: str, image: str, **spec: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "apiVersion": f"{GROUP}/v1alpha1",
-        "kind": "InferenceService",
-        "metadata": {"name": name},
-        "spec": {
-            "model": {
-                "name": "tiny-llama",
-                "source": {"image": {"path": "/models/tiny-llama"}},
-                "architecture": TINY_ARCH,
-            },
-            "image": image,
-            # The real node's GPUs (its CPUs stand in), so the pods land there.
-            "gpu": {"count": 1, "products": ["NVIDIA-L4"]},
-            "node": {"cpus": 1, "memory": "256Mi", "shmSize": "64Mi"},
-            "workload": {
-                "promptTokens": {"type": "Uniform", "min": 16, "max": 128},
-                "outputTokens": {"type": "Fixed", "value": 16},
-                "peakConcurrency": 4,
-            },
-            "warmup": {"enabled": True, "timeoutSeconds": 120, "maxRetries": 0},
-            "podTemplate": {"env": [{"name": "VLLM_FAULT_MODE", "value": mode}]},
-        },
-    }
-    body["spec"].update(spec)
-    return body
 
 
 def _servers(cluster: ClusterHandle, ns: str, name: str) -> list[dict[str, Any]]:
@@ -117,7 +78,7 @@ def test_a_pod_becomes_ready_after_its_warmup_and_scaling_up_warms_only_the_new_
     cluster: ClusterHandle, real_images: Images, fault_ns: str
 ) -> None:
     ns = fault_ns
-    cluster.apply(_isvc("svc", "ok", real_images.fault_server), namespace=ns)
+    cluster.apply(fault_isvc("svc", "ok", real_images.fault_server), namespace=ns)
     isvc = _ready_replicas(cluster, ns, "svc", 1)
     [pod] = _servers(cluster, ns, "svc")
     assert pod["spec"]["nodeName"] == node.NODE_NAME
@@ -148,7 +109,9 @@ def test_a_failing_warmup_keeps_the_pod_out_with_the_reason(
 ) -> None:
     ns = fault_ns
     warmup = {"enabled": True, "timeoutSeconds": 20, "maxRetries": 0}
-    cluster.apply(_isvc("broken", "fail", real_images.fault_server, warmup=warmup), namespace=ns)
+    cluster.apply(
+        fault_isvc("broken", "fail", real_images.fault_server, warmup=warmup), namespace=ns
+    )
     wait_until(
         "WarmedUp=False with WarmupFailed",
         lambda: (
@@ -178,7 +141,7 @@ def test_deleting_a_pod_mid_warmup_leaves_no_job(
     cluster: ClusterHandle, real_images: Images, fault_ns: str
 ) -> None:
     ns = fault_ns
-    cluster.apply(_isvc("slow", "slow", real_images.fault_server), namespace=ns)
+    cluster.apply(fault_isvc("slow", "slow", real_images.fault_server), namespace=ns)
     wait_until("a warmup Job", lambda: bool(_jobs(cluster, ns, "slow")), 120)
     [job] = _jobs(cluster, ns, "slow")
     pod_name = job["metadata"]["ownerReferences"][0]["name"]
@@ -203,7 +166,7 @@ def test_an_operator_crash_mid_warmup_neither_skips_nor_repeats_it(
     cluster: ClusterHandle, real_images: Images, chart_operator: ChartOperator, fault_ns: str
 ) -> None:
     ns = fault_ns
-    cluster.apply(_isvc("slow", "slow", real_images.fault_server), namespace=ns)
+    cluster.apply(fault_isvc("slow", "slow", real_images.fault_server), namespace=ns)
     wait_until("a warmup Job", lambda: bool(_jobs(cluster, ns, "slow")), 120)
     [job] = _jobs(cluster, ns, "slow")
     chart_operator.process.stop(kill=True)  # SIGKILL on the node; the kubelet restarts it
@@ -219,7 +182,7 @@ def test_a_server_container_restarted_by_the_kubelet_is_warmed_again(
     cluster: ClusterHandle, real_images: Images, fault_ns: str
 ) -> None:
     ns = fault_ns
-    cluster.apply(_isvc("svc", "ok", real_images.fault_server), namespace=ns)
+    cluster.apply(fault_isvc("svc", "ok", real_images.fault_server), namespace=ns)
     _ready_replicas(cluster, ns, "svc", 1)
     [pod] = _servers(cluster, ns, "svc")
     [first] = [j["metadata"]["name"] for j in _jobs(cluster, ns, "svc")]
@@ -282,7 +245,7 @@ def test_the_first_request_the_instant_ready_turns_true_is_served(
     jsonpath = '{.status.conditions[?(@.type=="Ready")].status}{"\\n"}'
     for i in range(READY_SERVICES):
         name = f"ready-{i}"
-        cluster.apply(_isvc(name, "ok", real_images.fault_server), namespace=ns)
+        cluster.apply(fault_isvc(name, "ok", real_images.fault_server), namespace=ns)
         watch = subprocess.Popen(
             [str(cluster.kubectl_path), f"--kubeconfig={cluster.kubeconfig}", "get", "vis",
              name, "-n", ns, "--watch", "-o", f"jsonpath={jsonpath}"],

@@ -1,7 +1,7 @@
 """Compare load generators on one machine: highest sustained request rate and schedule lag.
 
 A benchmark client is only as good as its ability to send on schedule. This command runs
-three clients against the same fast local streaming server (tests/bench/fake_server.py,
+three clients against the same fast local streaming server (devenv/fakes/openai_server.py,
 zero delays, 8 tokens per response, its own process) and measures, for each:
 
 - **maximum sustained rate**: the highest constant request rate at which the server saw
@@ -49,7 +49,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.bench.fake_server import Config, FakeServerProcess  # noqa: E402
+from devenv.fakes.openai_server import Config, FakeServerProcess  # noqa: E402
 
 CACHE = Path(os.environ.get("VLLM_OP_CACHE", Path.home() / ".cache" / "vllm-operator"))
 OUTPUT_TOKENS = 8
@@ -329,7 +329,7 @@ def report(results: dict[str, Any]) -> str:
         "",
         "## Server and method",
         "",
-        "One fast fake OpenAI streaming server (tests/bench/fake_server.py: zero delays, "
+        "One fast fake OpenAI streaming server (devenv/fakes/openai_server.py: zero delays, "
         f"{OUTPUT_TOKENS} tokens per response, whole response in one write) in its own "
         f"process; {PROMPT_TOKENS}-token prompts; constant-rate schedules.",
         f"A rate is *sustained* when every request arrived and completed and the server "

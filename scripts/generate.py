@@ -8,7 +8,7 @@ The files: the CRDs in crds/ and their copy in the Helm chart (from the pydantic
 docs/reference.md (from the CRDs), Argo CD's argocd-cm patch (from the Lua health checks
 in deploy/argocd/health/), the node agent's manifests in deploy/agent/ (from
 agent/manifests.py), and the agent tests' NVML answer files (from
-tests/agent/answer_sets.py; the ones recorded on real GPUs, under h200/, are not
+devenv/fakes/answer_sets.py; the ones recorded on real GPUs, under h200/, are not
 generated), the chart's README (its values table, from values.yaml's comments), and the
 chart's RBAC (from the controller table, operator/vllm_operator/k8s/controllers.py).
 """
@@ -46,7 +46,7 @@ def _agent() -> dict[str, str]:
 def _agent_fixtures() -> dict[str, str]:
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
-    from tests.agent.answer_sets import render
+    from devenv.fakes.answer_sets import render
 
     return render()
 

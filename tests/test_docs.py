@@ -50,6 +50,12 @@ def reasons_in_code() -> set[str]:
         out |= _strings(path, r'\belse\s+"([A-Z][a-z]\w+)"')
         # InferenceBenchmark phases: status("Phase", "Reason", ...)
         out |= _strings(path, r'\bstatus\(\s*"[A-Z]\w+",\s*"([A-Z]\w+)"')
+        # The phased kinds' steps: _status(obj, ..., "Phase", "Reason", ...), and a
+        # ("Phase", "Reason", message) a helper returns.
+        out |= _strings(path, r'\b_status\([^"]*?"[A-Z]\w+",\s*"([A-Z]\w+)"')
+        out |= _strings(path, r'\(\s*"(?:Pending|Downloading)",\s*"([A-Z]\w+)",')
+        # A step's events: Event("Reason", ...)
+        out |= _strings(path, r'\bEvent\(\s*"([A-Z]\w+)"')
         # Reasons named once as constants (a missing dataset or trace).
         out |= _strings(path, r'REASON_\w+: Final = "([A-Z]\w+)"')
         # The stalls written without a pass (an invalid spec, the operator's own failure).

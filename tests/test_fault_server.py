@@ -10,11 +10,11 @@ import httpx
 import pytest
 
 from devenv.cluster.fault_server import _serve_args
-from devenv.fake_openai import Behaviour, FakeOpenAI
+from devenv.fakes.openai_server import Config, FakeOpenAI
 
 
 def _in_flight_then_stop(drain_s: float) -> int | str:
-    server = FakeOpenAI(behaviour=Behaviour(ttft=lambda _n: 1.0)).start()
+    server = FakeOpenAI(Config(ttft=lambda _n: 1.0)).start()
     outcome: list[int | str] = []
 
     def ask() -> None:

@@ -1,6 +1,6 @@
 """A misbehaving OpenAI-compatible server on a pod's address, for the warmup failure tests.
 
-It is the warmup tests' own fake server (devenv/fake_openai.py), listening where a
+It is the tests' one fake server (devenv/fakes/openai_server.py, in a thread), listening where a
 pod's container would, in one of the modes below: ``fail`` (every generation answers 500),
 ``slow`` (every generation waits before its first token, so a warmup takes a while),
 ``cpu`` (every generation spends 50 ms of CPU before its first token, so its latency
@@ -22,14 +22,16 @@ import signal
 import sys
 import threading
 
-from devenv.fake_openai import Behaviour, FakeOpenAI
+from devenv.fakes.openai_server import Config, Delay, FakeOpenAI
 
+# Every answer is 4 tokens, whatever max_tokens asks: a warmup or a benchmark that runs
+# through the fault server spends its time in the mode's misbehaviour, not in tokens.
 MODES = {
-    "fail": Behaviour(generate_status=500),
-    "slow": Behaviour(ttft=lambda _n: 0.4, max_model_len=2048),
-    "ok": Behaviour(max_model_len=2048),
+    "fail": Config(generate_status=500, max_model_len=256, output_tokens=4),
+    "slow": Config(ttft=Delay(value=0.4), max_model_len=2048, output_tokens=4),
+    "ok": Config(max_model_len=2048, output_tokens=4),
     # 50 ms of CPU before each first token: latency that a noisy neighbour moves.
-    "cpu": Behaviour(cpu_seconds=0.05, max_model_len=2048),
+    "cpu": Config(cpu_seconds=0.05, max_model_len=2048, output_tokens=4),
 }
 MODE_ENV = "VLLM_FAULT_MODE"
 
@@ -59,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument("--mode", choices=sorted(MODES), required=True)
         parser.add_argument("--shutdown-timeout", type=float, default=0.0)
         args = parser.parse_args(argv)
-    server = FakeOpenAI(behaviour=MODES[args.mode], host=args.host, bind_port=args.port).start()
+    server = FakeOpenAI(MODES[args.mode], host=args.host, bind_port=args.port).start()
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())

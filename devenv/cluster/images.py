@@ -278,12 +278,14 @@ def build_vllm(python: str) -> str:
         )
 
 
-# The fault server's files, at their package paths (it imports devenv.fake_openai).
+# The fault server's files, at their package paths (it imports devenv.fakes.openai_server,
+# which imports vllm_operator: the operator image, the fault server's base, has it).
 FAULT_SERVER_FILES = (
     "devenv/__init__.py",
     "devenv/cluster/__init__.py",
     "devenv/cluster/fault_server.py",
-    "devenv/fake_openai.py",
+    "devenv/fakes/__init__.py",
+    "devenv/fakes/openai_server.py",
 )
 
 

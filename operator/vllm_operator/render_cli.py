@@ -60,7 +60,7 @@ from vllm_operator.models import InferenceService
 from vllm_operator.models.base import Manifest
 from vllm_operator.models.inference_service import EffectiveTuning
 from vllm_operator.models.model_cache import ModelCache
-from vllm_operator.reconcile.model_cache import cache_name_of
+from vllm_operator.reconcile.cache_use import cache_name_of
 from vllm_operator.reconcile.preview import Preview, assume_downloaded, first_apply
 from vllm_operator.render.lws import KIND as LWS_KIND
 from vllm_operator.render.yaml import dump

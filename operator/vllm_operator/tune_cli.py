@@ -26,11 +26,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from statistics import NormalDist
 from typing import Any, Final, Literal, TextIO
 
 import yaml
@@ -44,6 +42,7 @@ from vllm_operator.cli_inputs import (
     read_service,
 )
 from vllm_operator.constants import DEFAULT_SERVING_IMAGE
+from vllm_operator.models import lengths
 from vllm_operator.models.inference_service import (
     HuggingFaceSource,
     ImageSource,
@@ -75,9 +74,6 @@ __all__ = ["add_parser", "configure", "main", "run_from_args"]
 EXIT_OK: Final = 0
 EXIT_DOES_NOT_FIT: Final = 1
 EXIT_USAGE: Final = 2
-
-_Z99: Final = NormalDist().inv_cdf(0.99)
-_Z999: Final = NormalDist().inv_cdf(0.999)
 
 
 _METHODS: Final[dict[str, QuantizationMethod]] = {
@@ -182,13 +178,11 @@ def _distribution(
     if p99 is not None:
         if p99 < p50:
             raise InputError(f"--{what}-p99 is below --{what}-p50")
-        sigma = max(1e-3, math.log(p99 / p50) / _Z99)
-        return LengthDistribution(type="LogNormal", median=p50, sigma=sigma, max=top)
+        return lengths.from_percentile(p50, p99, 0.99, top=top)
     if top is not None:
         if top < p50:
             raise InputError(f"--{what}-max is below --{what}-p50")
-        sigma = max(1e-3, math.log(top / p50) / _Z999)
-        return LengthDistribution(type="LogNormal", median=p50, sigma=sigma, max=top)
+        return lengths.from_percentile(p50, top, 0.999, top=top)
     return LengthDistribution(type="Fixed", value=p50)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent import answer_sets
+from devenv.fakes import answer_sets
 from vllm_operator.agent.cli import add_parser, main
 from vllm_operator.agent.readings import load_answer_file, snapshot_from_data
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import UTC, datetime
 
-from tests.agent import answer_sets
+from devenv.fakes import answer_sets
 from vllm_operator.agent import conditions as cond
 from vllm_operator.models.gpu_node import AppliedPower
 

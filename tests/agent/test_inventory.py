@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from tests.agent import answer_sets
+from devenv.fakes import answer_sets
 from vllm_operator.agent.inventory import (
     cpu_ranges,
     cuda_version,

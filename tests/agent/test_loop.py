@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent import answer_sets
+from devenv.fakes import answer_sets
 from tests.agent.fake_store import RecordingStore
 from vllm_operator.agent.loop import Agent, AgentConfig
 from vllm_operator.agent.nvml import FixtureReader, NvmlReader, ReadOnlyReader, read_recorded_calls

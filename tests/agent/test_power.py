@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from tests.agent import answer_sets
+from devenv.fakes import answer_sets
 from vllm_operator.agent.power import outcome, plan
 from vllm_operator.agent.readings import DeviceReading, NvmlCallError
 from vllm_operator.models.gpu_node import AppliedPower, PowerSpec

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from tests.agent import answer_sets
+from devenv.fakes import answer_sets
 from vllm_operator.agent.probe import (
     Measurement,
     ProbeRun,

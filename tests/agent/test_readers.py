@@ -10,7 +10,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from tests.agent import answer_sets
+from devenv.fakes import answer_sets
 from tests.agent.fake_pynvml import FakePynvml, nvml_names
 from vllm_operator.agent.nvml import (
     SET_POWER_LIMIT_CALL,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from tests.agent import answer_sets
+from devenv.fakes import answer_sets
 from vllm_operator.agent.readings import NvmlCallError, NvmlSnapshot
 from vllm_operator.agent.status import compute_status, needs_write, stable_view
 from vllm_operator.models.gpu_node import GPUNodeStatus

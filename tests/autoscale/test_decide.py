@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from vllm_operator.autoscale.decide import ScalerState, Signal, decide, deletion_costs, signal
-from vllm_operator.autoscale.signals import PodLoad, PodReading
 from vllm_operator.models.inference_service import AutoscalingSpec
+from vllm_operator.releases.metrics import PodLoad, PodReading
 
 
 def spec(**fields: Any) -> AutoscalingSpec:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_operator.autoscale.signals import MetricsError, delta, merge, parse_metrics, quantile
+from vllm_operator.autoscale.signals import delta, merge, quantile
+from vllm_operator.releases.metrics import MetricsError, parse_metrics
 
 # The shape vLLM 0.32's API server serves (two engines, as with data parallel 2).
 TEXT = """\

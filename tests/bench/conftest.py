@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from devenv.fakes.openai_server import Config, FakeServerProcess
 from devenv.vllm_fixtures import (  # noqa: F401  (fixtures, used by name)
     _vllm_one_server,
     tiny_models,
@@ -14,7 +15,6 @@ from devenv.vllm_fixtures import (  # noqa: F401  (fixtures, used by name)
     vllm_python,
     vllm_servers,
 )
-from tests.bench.fake_server import Config, FakeServerProcess
 
 ServerFactory = Callable[[Config], FakeServerProcess]
 

@@ -1,6 +1,6 @@
 """Accuracy of the load client against a server whose timings are known exactly.
 
-The fake server (its own process, tests/bench/fake_server.py) injects delays, fixed or
+The fake server (its own process, devenv/fakes/openai_server.py) injects delays, fixed or
 drawn from heavy-tailed distributions, and logs on the host's monotonic clock, the clock
 the client uses too, when each request arrived and when it wrote each chunk. Each instant
 the client records is checked against the server's record of the same event:
@@ -30,8 +30,8 @@ from typing import Any
 
 import pytest
 
+from devenv.fakes.openai_server import Config, Delay, FakeServerProcess
 from tests.bench.conftest import ServerFactory
-from tests.bench.fake_server import Config, Delay, FakeServerProcess
 from vllm_operator.bench import arrivals, timing
 from vllm_operator.bench.client import Deadlines, LoadClient, Target
 from vllm_operator.bench.records import LevelRecording, Load

@@ -12,8 +12,8 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
+from devenv.fakes.openai_server import Config, Delay
 from tests.bench.conftest import ServerFactory
-from tests.bench.fake_server import Config, Delay
 from tests.bench.test_result import outcome
 from vllm_operator.bench import timing
 from vllm_operator.bench.cli import EXIT_FAILED, EXIT_OK, compact_status, main

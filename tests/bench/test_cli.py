@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
+from devenv.fakes.openai_server import Config, Delay
 from tests.bench.conftest import ServerFactory
-from tests.bench.fake_server import Config, Delay
 from vllm_operator.bench.cli import (
     EXIT_ERRORS,
     EXIT_FAILED,

@@ -13,8 +13,8 @@ slow the machine is: a busy machine only makes the client later.
 
 from __future__ import annotations
 
+from devenv.fakes.openai_server import Config, Delay, FakeServerProcess
 from tests.bench.conftest import ServerFactory
-from tests.bench.fake_server import Config, Delay, FakeServerProcess
 from vllm_operator.bench import arrivals, timing
 from vllm_operator.bench.client import DEFAULT_MAX_CONNECTIONS, Deadlines, LoadClient, Target
 from vllm_operator.bench.records import CONNECT_ERROR, TTFT_DEADLINE, LevelRecording, Load

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from devenv.fakes.openai_server import Config, Delay
 from tests.bench.conftest import ServerFactory
-from tests.bench.fake_server import Config, Delay
 from vllm_operator.bench import neighbour, timing
 from vllm_operator.bench.neighbour import (
     ORDER_KEY,

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from devenv.fakes.openai_server import Config, Delay
 from tests.bench.conftest import ServerFactory
-from tests.bench.fake_server import Config, Delay
 from vllm_operator.bench import arrivals, timing
 from vllm_operator.bench.cli import EXIT_OK, EXIT_USAGE, main
 from vllm_operator.bench.client import Deadlines, LoadClient, Target

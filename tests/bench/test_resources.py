@@ -13,12 +13,12 @@ from xml.etree import ElementTree
 import httpx
 import pytest
 
+from devenv.fakes.openai_server import KV_REQUESTS, Config, Delay
 from tests.bench.conftest import ServerFactory
-from tests.bench.fake_server import KV_REQUESTS, Config, Delay
-from vllm_operator.autoscale.signals import MetricsError
 from vllm_operator.bench.report import resources_heatmap_svg
 from vllm_operator.bench.resources import Sample, parse_sample, summarize_resources
 from vllm_operator.bench.sampler import ResourceSampler
+from vllm_operator.releases.metrics import MetricsError
 
 
 def vllm_text(

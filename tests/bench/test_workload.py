@@ -20,8 +20,8 @@ from vllm_operator.bench.workload import (
     parse_dataset,
     parse_trace,
     plan_requests,
-    sample_lengths,
 )
+from vllm_operator.models.lengths import sample as sample_lengths
 from vllm_operator.models.workload import LengthBucket, LengthDistribution
 
 

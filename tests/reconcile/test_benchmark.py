@@ -488,7 +488,7 @@ async def test_the_operator_never_lowers_replicas_under_a_lock() -> None:
 
 async def test_a_finished_load_job_holds_no_lock() -> None:
     from vllm_operator.models import InferenceService
-    from vllm_operator.reconcile.benchmark import active_lock
+    from vllm_operator.reconcile.lock import active_lock
 
     api = RecordingCluster()
     job = {

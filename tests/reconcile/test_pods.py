@@ -14,7 +14,7 @@ import pytest
 
 from tests.specs import isvc as make_isvc
 from tests.specs import plan_for
-from vllm_operator.reconcile.conditions import find
+from vllm_operator.models.conditions import find
 from vllm_operator.reconcile.pods import PodProblem, pod_problem
 from vllm_operator.reconcile.status import Observed, compute_status
 

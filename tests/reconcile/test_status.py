@@ -10,7 +10,7 @@ import pytest
 from tests.specs import isvc, plan_for
 from vllm_operator.constants import WARMED_UP_CONDITION
 from vllm_operator.models.base import Condition
-from vllm_operator.reconcile.conditions import find
+from vllm_operator.models.conditions import find
 from vllm_operator.reconcile.status import Observed, Problem, compute_status
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)

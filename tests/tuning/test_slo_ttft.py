@@ -13,9 +13,10 @@ from vllm_operator.models.inference_service import (
     ModelSpec,
     TuningSpec,
 )
+from vllm_operator.models.lengths import quantile as length_quantile
 from vllm_operator.models.workload import SLO, LengthBucket, LengthDistribution
 from vllm_operator.tune_cli import main
-from vllm_operator.tuning.performance import Replica, length_quantile, ttft_p99
+from vllm_operator.tuning.performance import Replica, ttft_p99
 from vllm_operator.tuning.plan import plan, plan_service
 from vllm_operator.tuning.results import Plan
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from devenv.fake_openai import FakeOpenAI
+from devenv.fakes.openai_server import FakeOpenAI
 from vllm_operator.warmup.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, add_parser, main
 
 FAST = ["--max-concurrency", "2", "--max-tokens", "2", "--max-model-len", "128"]

@@ -7,8 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from devenv.fake_openai import Behaviour, FakeOpenAI
+from devenv.fakes.openai_server import FakeOpenAI
 from devenv.vllm_server import free_port
+from tests.warmup.conftest import small_model
 from vllm_operator.warmup.report import Api, Outcome
 from vllm_operator.warmup.requests import build_plan
 from vllm_operator.warmup.run import WarmupOptions, run_warmup
@@ -23,7 +24,7 @@ def options(url: str, **overrides: object) -> WarmupOptions:
 
 @pytest.fixture
 def server(request: pytest.FixtureRequest) -> Iterator[FakeOpenAI]:
-    behaviour = getattr(request, "param", Behaviour())
+    behaviour = getattr(request, "param", small_model())
     fake = FakeOpenAI(behaviour).start()
     yield fake
     fake.stop()
@@ -77,7 +78,7 @@ async def test_only_the_chat_api_when_asked(fake: FakeOpenAI) -> None:
 async def test_server_that_never_becomes_healthy_fails_within_the_budget(
     status: int | None,
 ) -> None:
-    fake = FakeOpenAI(Behaviour(health_status=503 if status is None else status)).start()
+    fake = FakeOpenAI(small_model(health_status=503 if status is None else status)).start()
     url = fake.url if status is not None else f"http://127.0.0.1:{free_port()}"
     try:
         started = time.monotonic()
@@ -97,7 +98,7 @@ async def test_server_that_never_becomes_healthy_fails_within_the_budget(
 
 @pytest.mark.timing  # the budget is checked against the wall clock
 @pytest.mark.parametrize(
-    "server", [Behaviour(generate_status=500)], indirect=True, ids=["generation answers 500"]
+    "server", [small_model(generate_status=500)], indirect=True, ids=["generation answers 500"]
 )
 async def test_server_returning_errors_fails_with_the_error(server: FakeOpenAI) -> None:
     started = time.monotonic()
@@ -110,7 +111,7 @@ async def test_server_returning_errors_fails_with_the_error(server: FakeOpenAI) 
 
 
 @pytest.mark.parametrize(
-    "server", [Behaviour(models_status=500)], indirect=True, ids=["model list answers 500"]
+    "server", [small_model(models_status=500)], indirect=True, ids=["model list answers 500"]
 )
 async def test_server_whose_model_list_fails_is_reported_as_errors(server: FakeOpenAI) -> None:
     report = await run_warmup(options(server.url, budget_s=5))
@@ -121,7 +122,7 @@ async def test_server_whose_model_list_fails_is_reported_as_errors(server: FakeO
 @pytest.mark.timing  # the budget is checked against the wall clock
 @pytest.mark.parametrize(
     "server",
-    [Behaviour(ttft=lambda _n: 60.0)],
+    [small_model(ttft=lambda _n: 60.0)],
     indirect=True,
     ids=["first token after a minute"],
 )
@@ -138,7 +139,7 @@ async def test_server_too_slow_to_answer_fails_at_the_budget(server: FakeOpenAI)
 
 
 @pytest.mark.parametrize(
-    "server", [Behaviour(ttft=lambda _n: 0.05)], indirect=True, ids=["steady 50 ms TTFT"]
+    "server", [small_model(ttft=lambda _n: 0.05)], indirect=True, ids=["steady 50 ms TTFT"]
 )
 async def test_warm_ttft_over_the_limit_is_too_slow(server: FakeOpenAI) -> None:
     report = await run_warmup(options(server.url, budget_s=20, max_ttft_s=0.02))

@@ -11,9 +11,10 @@ Each function looks at one NVML read and states one fact:
 - ``ClocksThrottled``: clocks held down by a power cap, heat or a hardware slowdown.
 - ``Ready``: the inventory could be read.
 
-``merge`` turns facts into ``Condition`` objects, keeping ``lastTransitionTime`` when a
-condition's status did not change, so that a status recomputed every loop is equal to
-the last one unless something really changed.
+``merge`` turns facts into ``Condition`` objects through the one condition setter
+(models/conditions.py), which keeps ``lastTransitionTime`` when a condition's status did
+not change, so that a status recomputed every loop is equal to the last one unless
+something really changed.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Final
 
 from vllm_operator.agent.readings import CLOCK_EVENT_GPU_IDLE, DeviceReading
 from vllm_operator.models.base import Condition, ConditionStatus
+from vllm_operator.models.conditions import condition
 from vllm_operator.models.gpu_node import AppliedPower
 
 READY: Final = "Ready"
@@ -158,23 +160,13 @@ def merge(
     now: datetime,
     generation: int | None,
 ) -> list[Condition]:
-    """Conditions for these facts, keeping each one's transition time while its status holds.
+    """Conditions for these facts, keeping each one's transition time while its status holds
+    (the one setter, models/conditions.py).
 
     Conditions of other types on ``previous`` are dropped: the agent owns the whole list.
     """
-    before = {c.type: c for c in previous}
-    out: list[Condition] = []
-    for fact in facts:
-        old = before.get(fact.type)
-        since = old.last_transition_time if old is not None and old.status == fact.status else now
-        out.append(
-            Condition(
-                type=fact.type,
-                status=fact.status,
-                reason=fact.reason,
-                message=fact.message,
-                last_transition_time=since,
-                observed_generation=generation,
-            )
-        )
-    return out
+    return [
+        condition(f.type, f.status, f.reason, f.message, now=now, generation=generation,
+                  previous=previous)
+        for f in facts
+    ]  # fmt: skip

@@ -34,6 +34,7 @@ from vllm_operator.agent.readings import NvmlCallError, NvmlSnapshot
 from vllm_operator.agent.status import compute_status, needs_write
 from vllm_operator.agent.store import GPUNodeStore, StoreError
 from vllm_operator.agent.topology import links
+from vllm_operator.models.conditions import find
 from vllm_operator.models.gpu_node import GPUNodeSpec, GPUNodeStatus, PowerSpec
 
 log = logging.getLogger(__name__)
@@ -280,7 +281,7 @@ class Agent:
         ):
             return
         await self.store.apply_status(self.name, new.to_wire())
-        ready = next((c for c in new.conditions if c.type == cond.READY), None)
+        ready = find(new.conditions, cond.READY)
         log.info(
             "Updated GPUNode status",
             extra=kv(

@@ -22,20 +22,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from vllm_operator.autoscale.signals import (
-    PodLoad,
-    PodReading,
-    delta,
-    load,
-    merge,
-    quantile,
-    restarted,
-)
+from vllm_operator.autoscale.signals import delta, merge, quantile
 from vllm_operator.models.inference_service import (
     PER_POD_METRICS,
     AutoscalingDecision,
     AutoscalingSpec,
 )
+from vllm_operator.releases.metrics import PodLoad, PodReading, load, restarted
 
 TOLERANCE = 0.1
 # Requests in the server are averaged over at least this long (see ``signal``).
@@ -142,7 +135,7 @@ def signal(
 ) -> Signal:
     """The signal from this reading's pods; the baselines in ``state`` move forward.
 
-    Requests in the server are averaged (Little's law, see ``signals.load``) from the
+    Requests in the server are averaged (Little's law, see ``releases.metrics.load``) from the
     oldest remembered reading, over at least ``AVERAGE_SECONDS``: a request's whole time
     is counted when it finishes, so over one short period a single long request that ends
     would read as several in flight (a 6 s request ending in a 2 s period: 3). Over 15 s

@@ -6,7 +6,7 @@ preemptions) and, where a cluster runs NVIDIA's DCGM exporter, its GPU utilisati
 memory-copy (bandwidth) utilisation and power. A level's figures:
 
 - requests running and waiting per server: the mean over the level by Little's law, from
-  vLLM's latency sums (``autoscale.signals.load``, the autoscaler's own reading: the gauges
+  vLLM's latency sums (``releases.metrics.load``, the autoscaler's own reading: the gauges
   are snapshots that a CPU build leaves at 0 through most of a steady load), and the
   highest gauge seen;
 - KV-cache usage: mean and highest of the gauge; preemptions: the counter's increase;
@@ -26,7 +26,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from vllm_operator.autoscale.signals import (
+from vllm_operator.releases.metrics import (
+    PREEMPTIONS,
     MetricsError,
     PodReading,
     load,
@@ -36,7 +37,6 @@ from vllm_operator.autoscale.signals import (
 
 DEFAULT_INTERVAL_S = 1.0
 
-PREEMPTIONS = "vllm:num_preemptions_total"
 # DCGM exporter's names (its default counters), per GPU.
 GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"  # percent
 MEM_COPY_UTIL = "DCGM_FI_DEV_MEM_COPY_UTIL"  # percent

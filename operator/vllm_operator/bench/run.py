@@ -295,6 +295,116 @@ def _client_facts(options: RunOptions) -> dict[str, object]:
     }
 
 
+def check_inputs(
+    spec: InferenceBenchmarkSpec,
+    options: RunOptions,
+    inputs: RunInputs,
+    endpoint: str,
+    *,
+    has_board: bool,
+) -> None:
+    """Refuse a run that cannot start: a dataset or trace named but not passed, a chaos
+    phase with nothing to perturb. Raises :class:`BenchmarkError`."""
+    if spec.workload.dataset is not None and not inputs.dataset:
+        raise BenchmarkError("the workload names a dataset; pass its content (--dataset-file)")
+    if spec.arrival.process == "Trace" and not inputs.trace:
+        raise BenchmarkError("arrival process Trace needs the trace (--trace-file)")
+    chaos = spec.chaos
+    if chaos is None:
+        return
+    if chaos.network is not None:
+        # Checked before any level: the relay speaks plain HTTP only.
+        try:
+            relayed_address(endpoint)
+        except ValueError as exc:
+            raise BenchmarkError(f"spec.chaos.network: {exc}") from None
+    if chaos.restart is not None and not options.restart_pods:
+        raise BenchmarkError(
+            "spec.chaos.restart: no pod to evict; name the target's pods (--restart-pod)"
+        )
+    if chaos.noisy_neighbour is not None and not has_board and not options.neighbour_config_map:
+        raise BenchmarkError(
+            "spec.chaos.noisyNeighbour: no neighbour to order; name its ConfigMap "
+            "(--neighbour-config-map)"
+        )
+
+
+def target_of(
+    spec: InferenceBenchmarkSpec, options: RunOptions, endpoint: str, model: str
+) -> Target:
+    """What every request goes to, and how it is sent."""
+    return Target(
+        endpoint=endpoint,
+        model=model,
+        api="chat" if spec.endpoint.api == "ChatCompletions" else "completions",
+        stream=spec.endpoint.stream,
+        ignore_eos=options.ignore_eos,
+        headers=dict(options.headers),
+        request_timeout_s=options.request_timeout_s,
+    )
+
+
+@dataclass(frozen=True)
+class Judging:
+    """How a level's requests are judged: the SLO, the client's deadlines for it, the
+    attainment a level must reach, and the prompt-length buckets results are broken by."""
+
+    slo: Slo
+    deadlines: Deadlines
+    attainment: float
+    edges: tuple[tuple[int, int], ...]
+
+    @property
+    def has_slo(self) -> bool:
+        return any((self.slo.ttft_s, self.slo.tpot_s, self.slo.e2e_s))
+
+
+def judging_of(spec: InferenceBenchmarkSpec) -> Judging:
+    slo = slo_of(spec)
+    return Judging(
+        slo=slo,
+        deadlines=Deadlines(ttft_s=slo.ttft_s, tpot_s=slo.tpot_s, e2e_s=slo.e2e_s),
+        attainment=spec.target_attainment(),
+        edges=tuple(bucket_edges(spec.workload.prompt_tokens)),
+    )
+
+
+def rated(spec: InferenceBenchmarkSpec, rate: float) -> Load:
+    """A load of ``rate`` (a closed-loop spec's search and chaos run Poisson)."""
+    process = "Poisson" if spec.arrival.process == "ClosedLoop" else spec.arrival.process
+    return Load(rate_per_second=rate, process=process)
+
+
+@dataclass(frozen=True)
+class Session:
+    """What every level of one run shares: the spec, the client's options, the prompts,
+    how levels are judged, the progress sink, and the resource sampler (if any)."""
+
+    spec: InferenceBenchmarkSpec
+    options: RunOptions
+    inputs: RunInputs
+    prompts: _Prompts
+    judging: Judging
+    reporter: Reporter | None
+    sampler: ResourceSampler | None
+
+
+@dataclass(frozen=True)
+class Levels:
+    """The levels run, in order, and the rate a search found best (None: no search)."""
+
+    outcomes: tuple[LevelOutcome, ...]
+    best: float | None
+
+
+@dataclass(frozen=True)
+class Chaos:
+    """The chaos phase's outcomes, or why it did not run."""
+
+    outcomes: tuple[ChaosOutcome, ...] = ()
+    note: str | None = None
+
+
 async def run_benchmark(
     spec: InferenceBenchmarkSpec,
     options: RunOptions,
@@ -309,62 +419,17 @@ async def run_benchmark(
     they are recorded and counted.
     """
     inputs = inputs or RunInputs()
-    if spec.workload.dataset is not None and not inputs.dataset:
-        raise BenchmarkError("the workload names a dataset; pass its content (--dataset-file)")
-    if spec.arrival.process == "Trace" and not inputs.trace:
-        raise BenchmarkError("arrival process Trace needs the trace (--trace-file)")
     endpoint = server_root(options.endpoint)
-    if spec.chaos is not None and spec.chaos.network is not None:
-        # Checked before any level: the relay speaks plain HTTP only.
-        try:
-            relayed_address(endpoint)
-        except ValueError as exc:
-            raise BenchmarkError(f"spec.chaos.network: {exc}") from None
-    if spec.chaos is not None and spec.chaos.restart is not None and not options.restart_pods:
-        raise BenchmarkError(
-            "spec.chaos.restart: no pod to evict; name the target's pods (--restart-pod)"
-        )
-    if (
-        spec.chaos is not None
-        and spec.chaos.noisy_neighbour is not None
-        and neighbour_board is None
-        and not options.neighbour_config_map
-    ):
-        raise BenchmarkError(
-            "spec.chaos.noisyNeighbour: no neighbour to order; name its ConfigMap "
-            "(--neighbour-config-map)"
-        )
+    check_inputs(spec, options, inputs, endpoint, has_board=neighbour_board is not None)
     model = options.model or await _discover_model(endpoint)
     tokenizer, tokenizer_kind = await asyncio.to_thread(
         choose_tokenizer, endpoint, model, options.tokenizer
     )
-    target = Target(
-        endpoint=endpoint,
-        model=model,
-        api="chat" if spec.endpoint.api == "ChatCompletions" else "completions",
-        stream=spec.endpoint.stream,
-        ignore_eos=options.ignore_eos,
-        headers=dict(options.headers),
-        request_timeout_s=options.request_timeout_s,
-    )
-    slo = slo_of(spec)
-    deadlines = Deadlines(ttft_s=slo.ttft_s, tpot_s=slo.tpot_s, e2e_s=slo.e2e_s)
-    attainment = spec.target_attainment()
+    target = target_of(spec, options, endpoint, model)
     prompts = _Prompts(spec, inputs, tokenizer, options.default_output_tokens)
-    edges = bucket_edges(spec.workload.prompt_tokens)
     started = datetime.now(UTC)
-    outcomes: list[LevelOutcome] = []
-    search: RateSearch | None = None
-
     async with contextlib.AsyncExitStack() as stack:
-        client = await stack.enter_async_context(
-            LoadClient(
-                target,
-                max_in_flight=options.max_in_flight,
-                max_connections=options.max_connections,
-                run_id=options.run_id,
-            )
-        )
+        client = await stack.enter_async_context(_load_client(target, options))
         sampler = (
             await stack.enter_async_context(
                 ResourceSampler(options.metrics_urls, interval_s=options.metrics_interval_s)
@@ -372,175 +437,13 @@ async def run_benchmark(
             if options.metrics_urls
             else None
         )
-        if evictor is None and spec.chaos is not None and spec.chaos.restart is not None:
-            evictor = await stack.enter_async_context(PodEvictor())
-        board = neighbour_board
-        if board is None and spec.chaos is not None and spec.chaos.noisy_neighbour is not None:
-            assert options.neighbour_config_map is not None
-            board = await stack.enter_async_context(
-                ConfigMapBoard(options.neighbour_config_map, options.neighbour_namespace)
-            )
-        if board is not None:
-            # However the run ends, the neighbour stops (bench.neighbour).
-            stack.push_async_callback(_dismiss, board)
+        evictor = await _evictor(stack, spec, evictor)
+        board = await _board(stack, spec, options, neighbour_board)
         if options.preflight:
-            first = (await prompts.take(1))[0]
-            probe = RequestPlan(
-                -1, first.prompt_tokens, min(4, first.output_tokens), first.prompt, first.messages
-            )
-            rec = await client.preflight(probe)
-            if rec.error is not None:
-                raise BenchmarkError(
-                    f"preflight request to {target.url} failed: {rec.error}"
-                    + (f" ({rec.error_detail})" if rec.error_detail else "")
-                )
-
-        def rated(rate: float) -> Load:
-            """A load of ``rate`` (a closed-loop spec's search and chaos run Poisson)."""
-            process = "Poisson" if spec.arrival.process == "ClosedLoop" else spec.arrival.process
-            return Load(rate_per_second=rate, process=process)
-
-        async def level(load: Load) -> LevelOutcome:
-            outcome = await measure(client, load, str(len(outcomes)))
-            outcomes.append(outcome)
-            return outcome
-
-        async def measure(via: LoadClient, load: Load, label: str) -> LevelOutcome:
-            schedule = schedule_for(spec, load, inputs)
-            if isinstance(schedule, arrivals.OpenLoop):
-                total: int | None = len(schedule.offsets)
-                needed = len(schedule.offsets)
-            else:
-                total = schedule.count
-                needed = schedule.count or schedule.concurrency * CLOSED_LOOP_POOL_PER_WORKER
-            plans = await prompts.take(needed)
-            if reporter is not None:
-                reporter.level_started(load, total)
-            ticker = _start_ticker(reporter, schedule)
-            resources = None
-            if sampler is not None:
-                await sampler.start()
-            try:
-                recording = await via.run_level(
-                    load,
-                    schedule,
-                    plans,
-                    deadlines,
-                    drain_timeout_s=options.drain_timeout_s,
-                    on_done=reporter.request_done if reporter is not None else None,
-                    label=label,
-                )
-            finally:
-                if ticker is not None:
-                    ticker.cancel()
-                if sampler is not None:
-                    resources = await sampler.stop()
-            stats = summarize(recording, slo=slo, buckets=edges, lag_limit_s=options.lag_limit_s)
-            if reporter is not None:
-                reporter.level_finished(stats)
-            return LevelOutcome(recording, stats, passed(stats, attainment), resources)
-
-        async def beside_neighbour(
-            board: Board, load: Load, label: str
-        ) -> tuple[LevelOutcome, str]:
-            """A run of ``load`` while the neighbour burns (bench.neighbour)."""
-            seconds = _expected_seconds(spec, load) + NEIGHBOUR_MARGIN_S
-            try:
-                got: NeighbourState | str = await start_burn(board, seconds=seconds)
-            except Exception as exc:
-                got = f"its orders could not be written: {exc}"
-            what = (
-                got.describe()
-                if isinstance(got, NeighbourState)
-                else f"noisy neighbour: not burning: {got}"
-            )
-            try:
-                return await measure(client, load, label), what
-            finally:
-                with contextlib.suppress(Exception):
-                    await neighbour_order(board, burn=False)
-
-        async def restarted(load: Load, label: str, after_s: float) -> tuple[LevelOutcome, str]:
-            """A run of ``load`` during which one target pod is evicted ``after_s`` in."""
-            began = time.monotonic()
-            due = asyncio.Event()
-
-            async def evict_later() -> Eviction:
-                await asyncio.sleep(after_s)
-                due.set()
-                at_s = time.monotonic() - began
-                assert evictor is not None
-                return await evictor(options.restart_pods, options.restart_namespace, at_s)
-
-            task = asyncio.create_task(evict_later())
-            try:
-                outcome = await measure(client, load, label)
-            finally:
-                if not due.is_set():
-                    task.cancel()
-            if not due.is_set():
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-                return outcome, (
-                    f"restart: no pod evicted: the run ended {time.monotonic() - began:.3g} s "
-                    f"in, before the eviction was due at {after_s:g} s"
-                )
-            # An eviction under way when the run ended is let finish: it was due.
-            return outcome, f"restart: {(await task).outcome}"
-
-        if spec.mode == "Search":
-            assert spec.search is not None
-            s = spec.search
-            search = RateSearch(
-                s.min_rate_per_second, s.max_rate_per_second, max_probes=s.max_probes
-            )
-            while (rate := search.next_rate()) is not None:
-                outcome = await level(rated(rate))
-                search.record(rate, outcome.passed)
-        else:
-            for load in fixed_loads(spec):
-                await level(load)
-
-        chaos: list[ChaosOutcome] = []
-        chaos_note = None
-        if spec.chaos is not None:
-            rate, chaos_note = chaos_rate(spec, outcomes, search.best if search else None)
-            if rate is not None:
-                load = rated(rate)
-                for n, p in enumerate(perturbations(spec.chaos, spec.seed)):
-                    baseline = await measure(client, load, f"chaos{n}-base")
-                    if p.impairment is not None:
-                        what = p.what
-                        async with (
-                            FaultProxy(endpoint, p.impairment) as proxy,
-                            LoadClient(
-                                dataclasses.replace(target, endpoint=proxy.url),
-                                max_in_flight=options.max_in_flight,
-                                max_connections=options.max_connections,
-                                run_id=options.run_id,
-                            ) as faulty,
-                        ):
-                            perturbed = await measure(faulty, load, f"chaos{n}-{p.kind}")
-                    elif p.kind == "neighbour":
-                        assert board is not None
-                        perturbed, what = await beside_neighbour(board, load, f"chaos{n}-{p.kind}")
-                    else:
-                        assert p.after_s is not None
-                        perturbed, what = await restarted(load, f"chaos{n}-{p.kind}", p.after_s)
-                    chaos.append(
-                        ChaosOutcome(
-                            what,
-                            rate,
-                            baseline,
-                            perturbed,
-                            chaos_verdict(
-                                baseline.stats,
-                                perturbed.stats,
-                                has_slo=any((slo.ttft_s, slo.tpot_s, slo.e2e_s)),
-                            ),
-                        )
-                    )
-
+            await _preflight(client, prompts, target)
+        session = Session(spec, options, inputs, prompts, judging_of(spec), reporter, sampler)
+        levels = await _run_levels(session, client)
+        chaos = await _run_chaos(session, client, target, levels, board, evictor)
     if prompts.mismatched:
         logger.warning(
             "Built %d prompts whose token count differs from the plan (tokenizer: %s)",
@@ -551,15 +454,223 @@ async def run_benchmark(
         spec=spec,
         endpoint=endpoint,
         model=model,
-        levels=tuple(outcomes),
+        levels=levels.outcomes,
         start_time=started,
         end_time=datetime.now(UTC),
         tokenizer=tokenizer_kind,
-        best_rate_per_second=search.best if search is not None else None,
+        best_rate_per_second=levels.best,
         client=_client_facts(options),
-        chaos=tuple(chaos),
-        chaos_note=chaos_note,
+        chaos=chaos.outcomes,
+        chaos_note=chaos.note,
     )
+
+
+def _load_client(target: Target, options: RunOptions) -> LoadClient:
+    return LoadClient(
+        target,
+        max_in_flight=options.max_in_flight,
+        max_connections=options.max_connections,
+        run_id=options.run_id,
+    )
+
+
+async def _evictor(
+    stack: contextlib.AsyncExitStack, spec: InferenceBenchmarkSpec, evictor: Evictor | None
+) -> Evictor | None:
+    """The evictor of a chaos restart: the one passed, else the Kubernetes API's."""
+    if evictor is None and spec.chaos is not None and spec.chaos.restart is not None:
+        return await stack.enter_async_context(PodEvictor())
+    return evictor
+
+
+async def _board(
+    stack: contextlib.AsyncExitStack,
+    spec: InferenceBenchmarkSpec,
+    options: RunOptions,
+    board: Board | None,
+) -> Board | None:
+    """The noisy neighbour's orders: the board passed, else its ConfigMap; however the run
+    ends, the neighbour stops (bench.neighbour)."""
+    if board is None and spec.chaos is not None and spec.chaos.noisy_neighbour is not None:
+        assert options.neighbour_config_map is not None
+        board = await stack.enter_async_context(
+            ConfigMapBoard(options.neighbour_config_map, options.neighbour_namespace)
+        )
+    if board is not None:
+        stack.push_async_callback(_dismiss, board)
+    return board
+
+
+async def _preflight(client: LoadClient, prompts: _Prompts, target: Target) -> None:
+    """One small request first: a wrong model or a server without stream usage fails fast."""
+    first = (await prompts.take(1))[0]
+    probe = RequestPlan(
+        -1, first.prompt_tokens, min(4, first.output_tokens), first.prompt, first.messages
+    )
+    rec = await client.preflight(probe)
+    if rec.error is not None:
+        raise BenchmarkError(
+            f"preflight request to {target.url} failed: {rec.error}"
+            + (f" ({rec.error_detail})" if rec.error_detail else "")
+        )
+
+
+async def _run_levels(session: Session, client: LoadClient) -> Levels:
+    """Every level of a Single or Sweep run, or the rates a Search chooses, in order."""
+    spec = session.spec
+    outcomes: list[LevelOutcome] = []
+    if spec.mode != "Search":
+        for load in fixed_loads(spec):
+            outcomes.append(await measure(session, client, load, str(len(outcomes))))
+        return Levels(tuple(outcomes), None)
+    assert spec.search is not None
+    s = spec.search
+    search = RateSearch(s.min_rate_per_second, s.max_rate_per_second, max_probes=s.max_probes)
+    while (rate := search.next_rate()) is not None:
+        outcome = await measure(session, client, rated(spec, rate), str(len(outcomes)))
+        outcomes.append(outcome)
+        search.record(rate, outcome.passed)
+    return Levels(tuple(outcomes), search.best)
+
+
+async def measure(session: Session, via: LoadClient, load: Load, label: str) -> LevelOutcome:
+    """One level of ``load`` through ``via``, sampled and reported as it runs."""
+    schedule = schedule_for(session.spec, load, session.inputs)
+    if isinstance(schedule, arrivals.OpenLoop):
+        total: int | None = len(schedule.offsets)
+        needed = len(schedule.offsets)
+    else:
+        total = schedule.count
+        needed = schedule.count or schedule.concurrency * CLOSED_LOOP_POOL_PER_WORKER
+    plans = await session.prompts.take(needed)
+    reporter, sampler, judging = session.reporter, session.sampler, session.judging
+    if reporter is not None:
+        reporter.level_started(load, total)
+    ticker = _start_ticker(reporter, schedule)
+    resources = None
+    if sampler is not None:
+        await sampler.start()
+    try:
+        recording = await via.run_level(
+            load,
+            schedule,
+            plans,
+            judging.deadlines,
+            drain_timeout_s=session.options.drain_timeout_s,
+            on_done=reporter.request_done if reporter is not None else None,
+            label=label,
+        )
+    finally:
+        if ticker is not None:
+            ticker.cancel()
+        if sampler is not None:
+            resources = await sampler.stop()
+    stats = summarize(
+        recording,
+        slo=judging.slo,
+        buckets=list(judging.edges),
+        lag_limit_s=session.options.lag_limit_s,
+    )
+    if reporter is not None:
+        reporter.level_finished(stats)
+    return LevelOutcome(recording, stats, passed(stats, judging.attainment), resources)
+
+
+async def _run_chaos(
+    session: Session,
+    client: LoadClient,
+    target: Target,
+    levels: Levels,
+    board: Board | None,
+    evictor: Evictor | None,
+) -> Chaos:
+    """The chaos phase: each perturbation's run beside a baseline at the same rate."""
+    spec = session.spec
+    if spec.chaos is None:
+        return Chaos()
+    rate, note = chaos_rate(spec, levels.outcomes, levels.best)
+    if rate is None:
+        return Chaos(note=note)
+    load = rated(spec, rate)
+    outcomes = []
+    for n, p in enumerate(perturbations(spec.chaos, spec.seed)):
+        baseline = await measure(session, client, load, f"chaos{n}-base")
+        label = f"chaos{n}-{p.kind}"
+        if p.impairment is not None:
+            perturbed, what = await impaired(session, target, p, load, label)
+        elif p.kind == "neighbour":
+            assert board is not None
+            perturbed, what = await beside_neighbour(session, client, board, load, label)
+        else:
+            assert p.after_s is not None and evictor is not None
+            perturbed, what = await restarted(session, client, evictor, load, label, p.after_s)
+        verdict = chaos_verdict(baseline.stats, perturbed.stats, has_slo=session.judging.has_slo)
+        outcomes.append(ChaosOutcome(what, rate, baseline, perturbed, verdict))
+    return Chaos(tuple(outcomes), note)
+
+
+async def impaired(
+    session: Session, target: Target, p: Perturbation, load: Load, label: str
+) -> tuple[LevelOutcome, str]:
+    """A run of ``load`` through a relay that impairs the network (bench.netfault)."""
+    assert p.impairment is not None
+    async with (
+        FaultProxy(target.endpoint, p.impairment) as proxy,
+        _load_client(dataclasses.replace(target, endpoint=proxy.url), session.options) as faulty,
+    ):
+        return await measure(session, faulty, load, label), p.what
+
+
+async def beside_neighbour(
+    session: Session, client: LoadClient, board: Board, load: Load, label: str
+) -> tuple[LevelOutcome, str]:
+    """A run of ``load`` while the neighbour burns (bench.neighbour)."""
+    seconds = _expected_seconds(session.spec, load) + NEIGHBOUR_MARGIN_S
+    try:
+        got: NeighbourState | str = await start_burn(board, seconds=seconds)
+    except Exception as exc:
+        got = f"its orders could not be written: {exc}"
+    what = (
+        got.describe()
+        if isinstance(got, NeighbourState)
+        else f"noisy neighbour: not burning: {got}"
+    )
+    try:
+        return await measure(session, client, load, label), what
+    finally:
+        with contextlib.suppress(Exception):
+            await neighbour_order(board, burn=False)
+
+
+async def restarted(
+    session: Session, client: LoadClient, evictor: Evictor, load: Load, label: str, after_s: float
+) -> tuple[LevelOutcome, str]:
+    """A run of ``load`` during which one target pod is evicted ``after_s`` in."""
+    began = time.monotonic()
+    due = asyncio.Event()
+    options = session.options
+
+    async def evict_later() -> Eviction:
+        await asyncio.sleep(after_s)
+        due.set()
+        at_s = time.monotonic() - began
+        return await evictor(options.restart_pods, options.restart_namespace, at_s)
+
+    task = asyncio.create_task(evict_later())
+    try:
+        outcome = await measure(session, client, load, label)
+    finally:
+        if not due.is_set():
+            task.cancel()
+    if not due.is_set():
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return outcome, (
+            f"restart: no pod evicted: the run ended {time.monotonic() - began:.3g} s "
+            f"in, before the eviction was due at {after_s:g} s"
+        )
+    # An eviction under way when the run ended is let finish: it was due.
+    return outcome, f"restart: {(await task).outcome}"
 
 
 DEFAULT_KNEE_FRACTION = 0.8

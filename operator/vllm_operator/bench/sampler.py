@@ -14,7 +14,6 @@ from collections.abc import Sequence
 
 import httpx
 
-from vllm_operator.autoscale.signals import MetricsError
 from vllm_operator.bench.resources import (
     DEFAULT_INTERVAL_S,
     ResourceStats,
@@ -22,6 +21,7 @@ from vllm_operator.bench.resources import (
     parse_sample,
     summarize_resources,
 )
+from vllm_operator.releases.metrics import MetricsError
 
 SCRAPE_TIMEOUT_S = 5.0
 

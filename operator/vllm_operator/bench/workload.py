@@ -4,7 +4,8 @@ Real traffic is not fixed-length: prompts run from ten to thousands of tokens an
 from tens to over a thousand, and a benchmark with one length hides the tail
 (docs/field-notes.md, 9). Lengths come from the distributions of the API
 (:class:`~vllm_operator.models.workload.LengthDistribution`: Fixed, Uniform, Normal,
-LogNormal, weighted Buckets), from a JSONL dataset of real prompts, or from a trace.
+LogNormal, weighted Buckets; drawn by :func:`vllm_operator.models.lengths.sample`), from a
+JSONL dataset of real prompts, or from a trace.
 
 Prompts are built to an exact token count with the model's tokenizer (a local one, or the
 server's ``/tokenize``, both behind :class:`Tokenizer`). The builder learns how many tokens
@@ -29,51 +30,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from vllm_operator.models import lengths
 from vllm_operator.models.workload import LengthDistribution
-
-# Requests never ask for fewer tokens than this.
-MIN_TOKENS = 1
-
-
-def sample_lengths(dist: LengthDistribution, n: int, rng: random.Random) -> list[int]:
-    """``n`` token counts drawn from ``dist``, each at least 1.
-
-    Normal and LogNormal are clamped to ``[min, max]`` when those are set (and always to at
-    least 1); Buckets picks a bucket by weight, then a length uniformly within it.
-    """
-    lo = max(MIN_TOKENS, dist.min or MIN_TOKENS)
-    hi = dist.max
-
-    def clamp(x: float) -> int:
-        value = max(lo, round(x))
-        return value if hi is None else min(hi, value)
-
-    match dist.type:
-        case "Fixed":
-            assert dist.value is not None
-            return [dist.value] * n
-        case "Uniform":
-            assert dist.min is not None and dist.max is not None
-            return [rng.randint(dist.min, dist.max) for _ in range(n)]
-        case "Normal":
-            assert dist.mean is not None and dist.stddev is not None
-            return [clamp(rng.gauss(dist.mean, dist.stddev)) for _ in range(n)]
-        case "LogNormal":
-            assert dist.median is not None and dist.sigma is not None
-            mu = math.log(dist.median)
-            return [clamp(rng.lognormvariate(mu, dist.sigma)) for _ in range(n)]
-        case "Buckets":
-            assert dist.buckets
-            buckets = dist.buckets
-            weights = [b.weight for b in buckets]
-            lengths = []
-            for _ in range(n):
-                # One bucket then one length per request, so that a longer draw starts
-                # with the same lengths as a shorter one.
-                b = buckets[rng.choices(range(len(buckets)), weights=weights)[0]]
-                lengths.append(rng.randint(b.min, b.max))
-            return lengths
-    raise ValueError(f"unknown distribution type {dist.type}")
 
 
 def bucket_edges(dist: LengthDistribution | None) -> list[tuple[int, int]]:
@@ -222,8 +180,8 @@ def plan_requests(
     if dataset is None and prompt_tokens is None:
         raise ValueError("need a prompt length distribution or a dataset")
     prompt_rng, output_rng, order_rng = (random.Random(rng.getrandbits(64)) for _ in range(3))
-    prompts = sample_lengths(prompt_tokens, n, prompt_rng) if prompt_tokens is not None else None
-    outputs = sample_lengths(output_tokens, n, output_rng) if output_tokens is not None else None
+    prompts = lengths.sample(prompt_tokens, n, prompt_rng) if prompt_tokens is not None else None
+    outputs = lengths.sample(output_tokens, n, output_rng) if output_tokens is not None else None
     order: list[int] = []
     plans = []
     for i in range(n):

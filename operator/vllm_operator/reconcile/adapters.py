@@ -26,8 +26,8 @@ import httpx
 
 from vllm_operator.models import InferenceService
 from vllm_operator.models.base import Manifest
+from vllm_operator.models.conditions import pod_condition
 from vllm_operator.models.inference_service import Adapter, AdapterStatus, EffectiveTuning
-from vllm_operator.reconcile.conditions import pod_condition
 from vllm_operator.render.adapters import adapter_path, max_rank_in_force, rank_refusal
 from vllm_operator.render.deployment import CONTAINER
 from vllm_operator.render.meta import SERVER_PORT

@@ -37,19 +37,14 @@ from vllm_operator.constants import (
 from vllm_operator.k8s.api import ApiError, ClusterAPI, apply_status
 from vllm_operator.models import InferenceService, InferenceServiceStatus
 from vllm_operator.models.base import Manifest
+from vllm_operator.models.conditions import condition, find
 from vllm_operator.models.inference_service import (
     BenchmarkSummary,
     EffectiveTuning,
     WarmupStatus,
 )
 from vllm_operator.reconcile.adapters import sync_adapters
-from vllm_operator.reconcile.benchmark import (
-    latest_benchmark,
-    list_benchmarks,
-    list_lock_jobs,
-    lock_holder,
-)
-from vllm_operator.reconcile.conditions import condition, find
+from vllm_operator.reconcile.cache_use import CacheUse, read_cache, use_cache
 from vllm_operator.reconcile.groups import (
     GroupView,
     as_rollout,
@@ -59,7 +54,8 @@ from vllm_operator.reconcile.groups import (
     running_groups,
     topology_key,
 )
-from vllm_operator.reconcile.model_cache import CacheUse, read_cache, use_cache
+from vllm_operator.reconcile.last_benchmark import latest_benchmark, list_benchmarks
+from vllm_operator.reconcile.lock import list_lock_jobs, lock_holder
 from vllm_operator.reconcile.placement import (
     PlanOutcome,
     allocatable_gpus,

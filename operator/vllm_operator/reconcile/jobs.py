@@ -4,12 +4,14 @@ finished, and the report its last pod left as the termination message."""
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from vllm_operator.k8s.api import ClusterAPI
 from vllm_operator.models.base import Manifest
 
 JobState = Literal["Running", "Succeeded", "Failed"]
+# The label the Job controller puts on a Job's pods.
+JOB_NAME_LABEL: Final = "batch.kubernetes.io/job-name"
 
 
 def job_state(job: Manifest) -> JobState:
@@ -23,13 +25,15 @@ def job_state(job: Manifest) -> JobState:
 
 
 async def job_report(api: ClusterAPI, ns: str, job_name: str) -> dict[str, Any]:
+    """The report of the Job's pods (:func:`report_of`), listed."""
+    return report_of(await api.list("v1", "Pod", ns, label_selector=job_pods_selector(job_name)))
+
+
+def report_of(pods: list[Manifest]) -> dict[str, Any]:
     """The JSON report the Job's latest pod left as its termination message; a message
     that is not JSON comes back as ``{"message": ...}``, none as ``{}``."""
-    pods = await api.list(
-        "v1", "Pod", ns, label_selector=f"batch.kubernetes.io/job-name={job_name}"
-    )
-    pods.sort(key=lambda p: p["metadata"].get("creationTimestamp", ""))
-    for pod in reversed(pods):
+    by_age = sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp", ""))
+    for pod in reversed(by_age):
         for status in pod.get("status", {}).get("containerStatuses", []):
             message = status.get("state", {}).get("terminated", {}).get("message")
             if message:
@@ -39,3 +43,8 @@ async def job_report(api: ClusterAPI, ns: str, job_name: str) -> dict[str, Any]:
                     return {"message": message.strip()[:500]}
                 return report
     return {}
+
+
+def job_pods_selector(job_name: str) -> str:
+    """The label selector of a Job's pods."""
+    return f"{JOB_NAME_LABEL}={job_name}"

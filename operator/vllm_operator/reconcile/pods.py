@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_operator.models.base import Manifest
-from vllm_operator.reconcile.conditions import manifest_condition, pod_condition
+from vllm_operator.models.conditions import manifest_condition, pod_condition
 from vllm_operator.render.deployment import CONTAINER
 
 

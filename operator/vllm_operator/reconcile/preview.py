@@ -30,6 +30,7 @@ from typing import Final
 from vllm_operator.models import InferenceService
 from vllm_operator.models.base import Manifest
 from vllm_operator.models.model_cache import ModelCache
+from vllm_operator.reconcile.cache_use import USABLE, cache_name_of, use_cache
 from vllm_operator.reconcile.groups import GroupView, is_multi_node
 from vllm_operator.reconcile.inference_service import (
     Decision,
@@ -39,7 +40,6 @@ from vllm_operator.reconcile.inference_service import (
     decide_rollout,
     plan,
 )
-from vllm_operator.reconcile.model_cache import USABLE, cache_name_of, use_cache
 from vllm_operator.reconcile.placement import PlanOutcome
 from vllm_operator.reconcile.rollout import RolloutChoice
 from vllm_operator.render.lws import group_size

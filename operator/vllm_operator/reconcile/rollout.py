@@ -29,9 +29,9 @@ from typing import Final
 from vllm_operator.constants import ANNOTATION_FORCE_ROLLOUT, ANNOTATION_TEMPLATE_HASH
 from vllm_operator.models import InferenceService
 from vllm_operator.models.base import Manifest
+from vllm_operator.models.conditions import manifest_condition
 from vllm_operator.models.inference_service import EffectiveTuning, ResolvedRollout
 from vllm_operator.models.quantity import parse_quantity
-from vllm_operator.reconcile.conditions import manifest_condition
 from vllm_operator.reconcile.placement import fits_placement
 from vllm_operator.render.deployment import rollout_strategy
 

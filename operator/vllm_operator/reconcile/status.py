@@ -13,6 +13,7 @@ from typing import Any
 from vllm_operator.constants import WARMED_UP_CONDITION
 from vllm_operator.models import InferenceService, InferenceServiceStatus
 from vllm_operator.models.base import Manifest
+from vllm_operator.models.conditions import condition, manifest_condition, pod_condition
 from vllm_operator.models.inference_service import (
     BenchmarkSummary,
     EffectiveTuning,
@@ -20,7 +21,6 @@ from vllm_operator.models.inference_service import (
     WarmupStatus,
 )
 from vllm_operator.reconcile.adapters import AdaptersObserved
-from vllm_operator.reconcile.conditions import condition, manifest_condition, pod_condition
 from vllm_operator.reconcile.pods import PodProblem, pod_problem
 from vllm_operator.reconcile.rollout import RolloutChoice
 from vllm_operator.render.deployment import served_model_name

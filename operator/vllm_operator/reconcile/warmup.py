@@ -20,8 +20,8 @@ from vllm_operator.constants import LABEL_WARMUP_FOR, WARMED_UP_CONDITION
 from vllm_operator.k8s.api import ClusterAPI
 from vllm_operator.models import InferenceService
 from vllm_operator.models.base import Manifest
+from vllm_operator.models.conditions import manifest_condition, manifest_condition_update
 from vllm_operator.models.inference_service import EffectiveTuning
-from vllm_operator.reconcile.conditions import manifest_condition
 from vllm_operator.reconcile.jobs import job_report, job_state
 from vllm_operator.render.warmup import build_warmup_job, container_restarts, warmup_job_name
 
@@ -56,32 +56,15 @@ class WarmupDecision:
 def _gate(pod: Manifest, *, ok: bool, reason: str, message: str, now: datetime) -> Write | None:
     """The apply of our one condition on the pod's status (a map keyed by type, so
     nothing else in the pod's status is touched); none when it already says that."""
-    old = manifest_condition(pod, WARMED_UP_CONDITION)
-    status = "True" if ok else "False"
-    if old and (old.get("status"), old.get("reason"), old.get("message")) == (
-        status,
-        reason,
-        message,
-    ):
+    cond = manifest_condition_update(pod, WARMED_UP_CONDITION, ok, reason, message, now=now)
+    if cond is None:
         return None
-    since = old["lastTransitionTime"] if old and old.get("status") == status else now
-    stamp = since if isinstance(since, str) else since.strftime("%Y-%m-%dT%H:%M:%SZ")
     meta = pod["metadata"]
     patch = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
-        "status": {
-            "conditions": [
-                {
-                    "type": WARMED_UP_CONDITION,
-                    "status": status,
-                    "reason": reason,
-                    "message": message,
-                    "lastTransitionTime": stamp,
-                }
-            ]
-        },
+        "status": {"conditions": [cond]},
     }
     return Write(patch, subresource="status")
 

@@ -71,61 +71,100 @@ def choose_tp(ask: Ask, g: GpuChoices, ctx: Context) -> Choice | DoesNotFit:
     return _meet_ttft(ask, g, ctx, choice)
 
 
-def _choose_tp(ask: Ask, g: GpuChoices, ctx: Context) -> Choice | DoesNotFit:
-    arch = ask.model.architecture
-    gpu = g.profile
+@dataclasses.dataclass(frozen=True)
+class Fixed:
+    """A tensor-parallel size the spec (``spec.gpu.count``) or an override fixes."""
+
+    tp: int
+    source: Literal["Spec", "Override"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """The tensor-parallel sizes this GPU set allows (candidates, smallest first) and those
+    whose KV cache holds a typical request."""
+
+    candidates: tuple[Candidate, ...]
+    fitting: tuple[Candidate, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Pick:
+    """The size chosen so far, why, and the notes gathered on the way."""
+
+    candidate: Candidate
+    reason: str
+    notes: tuple[str, ...] = ()
+
+
+def _needed_tokens(ctx: Context) -> int:
+    """Tokens the KV cache must hold at least: one typical request (within the context)."""
+    return max(1, min(ctx.typical, ctx.wanted))
+
+
+def fixed_size(ask: Ask) -> Fixed | None:
+    """The size an override or the spec's GPU count fixes (over the pipeline stages)."""
     pp = ask.pins.pipeline_parallel_size or 1
-    fixed: int | None = None
-    fixed_source: Literal["Spec", "Override"] = "Spec"
     if ask.pins.tensor_parallel_size is not None:
-        fixed, fixed_source = ask.pins.tensor_parallel_size, "Override"
-    elif isinstance(ask.gpu_count, int):
-        fixed = max(1, ask.gpu_count // pp)
-    need = max(1, min(ctx.typical, ctx.wanted))
+        return Fixed(ask.pins.tensor_parallel_size, "Override")
+    if isinstance(ask.gpu_count, int):
+        return Fixed(max(1, ask.gpu_count // pp), "Spec")
+    return None
 
-    if fixed is not None:
-        why = valid_tp(arch, g.fmt, fixed)
-        if why is not None:
-            valid = [t for t in range(1, 17) if valid_tp(arch, g.fmt, t) is None]
-            return DoesNotFit(
-                "InvalidParallelism",
-                f"tensor parallel {fixed} is not possible for {ask.model.name}: {why}",
-                (FitOption("MoreGPUs", f"a GPU count of {', '.join(map(str, valid))}"),),
-                gpu=gpu,
-                model=ask.model,
-            )
-        c = candidate(ask, g, fixed, pp)
-        if c is None:
-            return DoesNotFit(
-                "NotEnoughGPUs",
-                f"{fixed * pp} GPUs per replica asked for; {gpu.describe()} has {gpu.count}",
-                gpu=gpu,
-                model=ask.model,
-            )
-        if not fits(c, arch, need):
-            return does_not_fit(ask, g, ctx, c)
-        where = "spec.gpu.count" if fixed_source == "Spec" else "spec.tuning.overrides"
-        return Choice(c, fixed_source, f"set by {where}", _slower_than_one_gpu(ask, g, ctx, c))
 
-    valid = [t for t in range(1, gpu.count // pp + 1) if valid_tp(arch, g.fmt, t) is None]
-    candidates = [c for t in valid if (c := candidate(ask, g, t, pp)) is not None]
-    fitting = [c for c in candidates if fits(c, arch, need)]
-    if not fitting:
-        largest = candidates[-1] if candidates else None
-        if largest is None:
-            return DoesNotFit(
-                "NotEnoughGPUs",
-                f"{pp} pipeline stages need more GPUs than {gpu.describe()} has",
-                gpu=gpu,
-                model=ask.model,
-            )
-        return does_not_fit(ask, g, ctx, largest)
-    base = fitting[0]
-    demand = max(ctx.wanted, g.seqs_target * ctx.typical)
+def check_fixed(ask: Ask, g: GpuChoices, ctx: Context, fixed: Fixed) -> Choice | DoesNotFit:
+    """A fixed size, checked: it divides the heads, the node has the GPUs, a request fits."""
+    arch, gpu = ask.model.architecture, g.profile
+    pp = ask.pins.pipeline_parallel_size or 1
+    why = valid_tp(arch, g.fmt, fixed.tp)
+    if why is not None:
+        valid = [t for t in range(1, 17) if valid_tp(arch, g.fmt, t) is None]
+        return DoesNotFit(
+            "InvalidParallelism",
+            f"tensor parallel {fixed.tp} is not possible for {ask.model.name}: {why}",
+            (FitOption("MoreGPUs", f"a GPU count of {', '.join(map(str, valid))}"),),
+            gpu=gpu,
+            model=ask.model,
+        )
+    c = candidate(ask, g, fixed.tp, pp)
+    if c is None:
+        return DoesNotFit(
+            "NotEnoughGPUs",
+            f"{fixed.tp * pp} GPUs per replica asked for; {gpu.describe()} has {gpu.count}",
+            gpu=gpu,
+            model=ask.model,
+        )
+    if not fits(c, arch, _needed_tokens(ctx)):
+        return does_not_fit(ask, g, ctx, c)
+    where = "spec.gpu.count" if fixed.source == "Spec" else "spec.tuning.overrides"
+    return Choice(c, fixed.source, f"set by {where}", _slower_than_one_gpu(ask, g, ctx, c))
 
-    def comfortable(c: Candidate) -> bool:
-        return c.kv_token_room(arch) >= demand
 
+def sizes(ask: Ask, g: GpuChoices, ctx: Context) -> Sizes:
+    """Every valid size up to the GPU set's count, and those that hold a typical request."""
+    arch, pp = ask.model.architecture, ask.pins.pipeline_parallel_size or 1
+    valid = [t for t in range(1, g.profile.count // pp + 1) if valid_tp(arch, g.fmt, t) is None]
+    candidates = tuple(c for t in valid if (c := candidate(ask, g, t, pp)) is not None)
+    need = _needed_tokens(ctx)
+    return Sizes(candidates, tuple(c for c in candidates if fits(c, arch, need)))
+
+
+def nothing_fits(ask: Ask, g: GpuChoices, ctx: Context, found: Sizes) -> DoesNotFit:
+    """The verdict when no size holds a typical request: the largest's, or too few GPUs."""
+    if not found.candidates:
+        pp = ask.pins.pipeline_parallel_size or 1
+        return DoesNotFit(
+            "NotEnoughGPUs",
+            f"{pp} pipeline stages need more GPUs than {g.profile.describe()} has",
+            gpu=g.profile,
+            model=ask.model,
+        )
+    return does_not_fit(ask, g, ctx, found.candidates[-1])
+
+
+def smallest(ask: Ask, g: GpuChoices, base: Candidate) -> Pick:
+    """The smallest size that fits: why, and a note when it spans PCIe."""
+    arch, gpu = ask.model.architecture, g.profile
     if base.tp == 1:
         reason = (
             f"the weights ({gib(base.weights)}) and the KV cache fit one "
@@ -137,65 +176,96 @@ def _choose_tp(ask: Ask, g: GpuChoices, ctx: Context) -> Choice | DoesNotFit:
             f"{gib(gpu.memory_bytes)}; {base.tp} is the smallest count that fits and divides "
             f"the {arch.num_attention_heads} heads"
         )
-    notes: list[str] = []
+    notes: tuple[str, ...] = ()
     if base.tp > 1 and base.link != "NVLink":
-        notes.append(
+        notes = (
             f"tensor parallel {base.tp} runs over PCIe ({base.link}): every layer's all-reduce "
-            "crosses it; a set sharing NVLink or a quantized model on fewer GPUs is faster"
+            "crosses it; a set sharing NVLink or a quantized model on fewer GPUs is faster",
         )
-    chosen = base
-    if not comfortable(base):
-        upgrade = next(
-            (c for c in fitting if c.tp > base.tp and c.link == "NVLink" and comfortable(c)),
-            None,
+    return Pick(base, reason, notes)
+
+
+def for_headroom(ask: Ask, g: GpuChoices, ctx: Context, found: Sizes, pick: Pick) -> Pick:
+    """A larger size on NVLink when the smallest's KV cache cannot hold the workload's
+    sequences; else a note that max-num-seqs is bounded by it."""
+    arch, base = ask.model.architecture, pick.candidate
+    demand = max(ctx.wanted, g.seqs_target * ctx.typical)
+    if base.kv_token_room(arch) >= demand:
+        return pick
+    upgrade = next(
+        (
+            c
+            for c in found.fitting
+            if c.tp > base.tp and c.link == "NVLink" and c.kv_token_room(arch) >= demand
+        ),
+        None,
+    )
+    if upgrade is not None:
+        reason = (
+            f"{upgrade.tp} GPUs on NVLink: {base.tp} would hold the weights but only "
+            f"{base.kv_token_room(arch):,} KV tokens of the {demand:,} the workload needs "
+            f"({g.seqs_target} sequences x {ctx.typical:,} tokens); {upgrade.tp} holds "
+            f"{upgrade.kv_token_room(arch):,}"
         )
-        if upgrade is not None:
-            chosen = upgrade
-            reason = (
-                f"{upgrade.tp} GPUs on NVLink: {base.tp} would hold the weights but only "
-                f"{base.kv_token_room(arch):,} KV tokens of the {demand:,} the workload needs "
-                f"({g.seqs_target} sequences x {ctx.typical:,} tokens); {upgrade.tp} holds "
-                f"{upgrade.kv_token_room(arch):,}"
-            )
-        else:
-            why_not = (
-                "more GPUs would be TP over PCIe, a loss; add replicas instead"
-                if any(c.tp > base.tp for c in candidates)
-                else "no larger tensor-parallel size is possible here"
-            )
-            notes.append(
-                f"the KV cache holds {base.kv_token_room(arch):,} tokens, less than "
-                f"{g.seqs_target} sequences x {ctx.typical:,} tokens = {demand:,}; "
-                f"max-num-seqs is bounded by it ({why_not})"
-            )
-    target = ask.slo.tpot_p99_milliseconds
-    if target is not None:
-        estimate = decode_estimate(ask, g, chosen, ctx.typical)
-        if estimate is not None and estimate.step_seconds * 1000 > target:
-            faster = next(
-                (
-                    c
-                    for c in fitting
-                    if c.tp > chosen.tp
-                    and c.link == "NVLink"
-                    and (e := decode_estimate(ask, g, c, ctx.typical)) is not None
-                    and e.step_seconds * 1000 <= target
-                ),
-                None,
-            )
-            if faster is not None:
-                reason = (
-                    f"{faster.tp} GPUs on NVLink to meet the TPOT P99 objective of {target} ms: "
-                    f"{chosen.tp} would need ~{estimate.step_seconds * 1000:.1f} ms per token"
-                )
-                chosen = faster
-            else:
-                notes.append(
-                    f"TPOT P99 objective {target} ms is below the roofline estimate of "
-                    f"~{estimate.step_seconds * 1000:.1f} ms per token at batch 1 on this GPU "
-                    "set; no NVLink tensor-parallel size here meets it"
-                )
-    return Choice(chosen, "Tuner", reason, tuple(notes))
+        return Pick(upgrade, reason, pick.notes)
+    why_not = (
+        "more GPUs would be TP over PCIe, a loss; add replicas instead"
+        if any(c.tp > base.tp for c in found.candidates)
+        else "no larger tensor-parallel size is possible here"
+    )
+    note = (
+        f"the KV cache holds {base.kv_token_room(arch):,} tokens, less than "
+        f"{g.seqs_target} sequences x {ctx.typical:,} tokens = {demand:,}; "
+        f"max-num-seqs is bounded by it ({why_not})"
+    )
+    return Pick(base, pick.reason, (*pick.notes, note))
+
+
+def for_tpot(ask: Ask, g: GpuChoices, ctx: Context, found: Sizes, pick: Pick) -> Pick:
+    """A larger size on NVLink when a TPOT objective is missed at the chosen one; else a
+    note that none here meets it."""
+    target, chosen = ask.slo.tpot_p99_milliseconds, pick.candidate
+    if target is None:
+        return pick
+    estimate = decode_estimate(ask, g, chosen, ctx.typical)
+    if estimate is None or estimate.step_seconds * 1000 <= target:
+        return pick
+    faster = next(
+        (
+            c
+            for c in found.fitting
+            if c.tp > chosen.tp
+            and c.link == "NVLink"
+            and (e := decode_estimate(ask, g, c, ctx.typical)) is not None
+            and e.step_seconds * 1000 <= target
+        ),
+        None,
+    )
+    if faster is not None:
+        reason = (
+            f"{faster.tp} GPUs on NVLink to meet the TPOT P99 objective of {target} ms: "
+            f"{chosen.tp} would need ~{estimate.step_seconds * 1000:.1f} ms per token"
+        )
+        return Pick(faster, reason, pick.notes)
+    note = (
+        f"TPOT P99 objective {target} ms is below the roofline estimate of "
+        f"~{estimate.step_seconds * 1000:.1f} ms per token at batch 1 on this GPU "
+        "set; no NVLink tensor-parallel size here meets it"
+    )
+    return Pick(chosen, pick.reason, (*pick.notes, note))
+
+
+def _choose_tp(ask: Ask, g: GpuChoices, ctx: Context) -> Choice | DoesNotFit:
+    fixed = fixed_size(ask)
+    if fixed is not None:
+        return check_fixed(ask, g, ctx, fixed)
+    found = sizes(ask, g, ctx)
+    if not found.fitting:
+        return nothing_fits(ask, g, ctx, found)
+    pick = smallest(ask, g, found.fitting[0])
+    pick = for_headroom(ask, g, ctx, found, pick)
+    pick = for_tpot(ask, g, ctx, found, pick)
+    return Choice(pick.candidate, "Tuner", pick.reason, pick.notes)
 
 
 def _slower_than_one_gpu(ask: Ask, g: GpuChoices, ctx: Context, c: Candidate) -> tuple[str, ...]:
@@ -261,108 +331,191 @@ def _describe(e: TtftEstimate, decodes: int) -> str:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class PrefillLoad:
+    """What a prompt's time to first token depends on besides the budget: the p99 and
+    mean prompt, the mean output, the sequences decoding beside it, their context, and the
+    declared concurrency (None: a full batch)."""
+
+    prompt_p99: int
+    prompt_mean: float
+    output_mean: float
+    decodes: int
+    context: int
+    concurrency: int | None
+
+
+# The note's advice whenever the objective is missed.
+_TTFT_HELP = (
+    "what would help: shorter prompts (the p99 prompt sets it), fewer prompts per replica "
+    "(more replicas, or a lower peak concurrency), or more GPUs per replica on NVLink "
+    "(tensor parallelism splits the prefill compute)"
+)
+
+
+def prefill_load(ask: Ask, g: GpuChoices, ctx: Context, c: Candidate) -> PrefillLoad | None:
+    """The load a prompt meets on candidate ``c``; None without declared prompt lengths."""
+    prompt, p99 = ask.prompt, ask.prompt_p99
+    if prompt is None or p99 is None:
+        return None
+    # The sequences decoding beside the prompt: the peak concurrency one replica sees when
+    # declared, else a full batch (as many as max-num-seqs and the KV cache allow).
+    seqs = min(
+        g.seqs_target, max(1, c.kv_token_room(ask.model.architecture) // max(1, ctx.typical))
+    )
+    concurrency = min(seqs, ask.peak_per_replica) if ask.peak_per_replica else None
+    return PrefillLoad(
+        prompt_p99=p99,
+        prompt_mean=prompt.mean,
+        output_mean=ask.output.mean if ask.output else max(1.0, ctx.typical - prompt.mean),
+        decodes=max(0, (concurrency or seqs) - 1),
+        context=ctx.typical,
+        concurrency=concurrency,
+    )
+
+
+def _current_budget(g: GpuChoices) -> int:
+    return int(g.batched.value) if g.batched.value.isdigit() else 8192
+
+
+def fixed_budget_notes(
+    ask: Ask, g: GpuChoices, r: Replica, load: PrefillLoad, target: int
+) -> tuple[str, ...]:
+    """The budget cannot move (an override, or chunked prefill off): a note when the
+    objective is predicted missed at it."""
+    current = _current_budget(g)
+    e = ttft_p99(
+        r,
+        prompt_p99=load.prompt_p99,
+        prompt_mean=load.prompt_mean,
+        output_mean=load.output_mean,
+        batched_tokens=current,
+        decodes=load.decodes,
+        context=load.context,
+        concurrency=load.concurrency,
+    )
+    if e.seconds * 1000 <= target:
+        return ()
+    fixed = "set in overrides" if g.batched.source == "Override" else "chunked prefill off"
+    return (
+        f"TTFT P99 objective {target} ms is predicted missed: ~{e.milliseconds:,.0f} ms "
+        f"for the p99 prompt ({load.prompt_p99:,} tokens) at max-num-batched-tokens "
+        f"{current:,} ({fixed}): {_describe(e, load.decodes)}; {_TTFT_HELP}",
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """The batch budget a TTFT objective led to: the candidate and GPU choices rebuilt
+    with it (None: unchanged), and the notes it adds."""
+
+    notes: tuple[str, ...] = ()
+    candidate: Candidate | None = None
+    gpu_choices: GpuChoices | None = None
+
+
+def raise_budget(
+    ask: Ask, g: GpuChoices, ctx: Context, c: Candidate, r: Replica, load: PrefillLoad, target: int
+) -> Budget:
+    """The smallest larger budget whose predicted TTFT P99 meets ``target`` and whose
+    activations still leave the KV cache a request; else notes on why none is taken."""
+    current = _current_budget(g)
+    where = f"the p99 prompt ({load.prompt_p99:,} tokens)"
+    estimates = batched_tokens_for_ttft(
+        r,
+        target / 1000,
+        start=current,
+        prompt_p99=load.prompt_p99,
+        prompt_mean=load.prompt_mean,
+        output_mean=load.output_mean,
+        decodes=load.decodes,
+        context=load.context,
+        concurrency=load.concurrency,
+    )
+    first, last = estimates[0], estimates[-1]
+    if first.seconds * 1000 <= target:
+        return Budget()
+    if last.seconds * 1000 > target:
+        # Not even one step meets it: the budget stays (a larger one would only lengthen
+        # the steps every running sequence waits for) and the note says why.
+        why = (
+            f"~{last.milliseconds:,.0f} ms predicted for {where} even at "
+            f"max-num-batched-tokens {last.batched_tokens:,} ({_describe(last, load.decodes)})"
+        )
+        if last is not first:
+            why += f"; ~{first.milliseconds:,.0f} ms at {current:,}, which stays"
+        return Budget(
+            (
+                f"TTFT P99 objective {target} ms cannot be met on {c.gpus_count} "
+                f"{g.profile.name} per replica: {why}; {_TTFT_HELP}",
+            )
+        )
+    setting = Setting("max-num-batched-tokens", str(last.batched_tokens), "Tuner", "")
+    c2 = candidate(ask, dataclasses.replace(g, batched=setting), c.tp, c.pp)
+    if c2 is None or not fits(c2, ask.model.architecture, _needed_tokens(ctx)):
+        return Budget(
+            (
+                f"TTFT P99 objective {target} ms would need max-num-batched-tokens "
+                f"{last.batched_tokens:,} (~{last.milliseconds:,.0f} ms for {where}), but its "
+                f"activations leave the KV cache too small; at {current:,} it is "
+                f"~{first.milliseconds:,.0f} ms; {_TTFT_HELP}",
+            )
+        )
+    before = (
+        f"~{first.milliseconds:,.0f} ms"
+        if math.isfinite(first.seconds)
+        else "a prefill queue that never drains"
+    )
+    reason = (
+        f"TTFT P99 objective {target} ms: {where} takes {_describe(last, load.decodes)}; "
+        f"{current:,} ({g.batched.reason}) would give {before}"
+    )
+    g2 = dataclasses.replace(g, batched=dataclasses.replace(setting, reason=reason))
+    return Budget(_tpot_conflict(ask, r, load, last), c2, g2)
+
+
+def _tpot_conflict(ask: Ask, r: Replica, load: PrefillLoad, e: TtftEstimate) -> tuple[str, ...]:
+    """A note when the raised budget's steps outlast the TPOT objective."""
+    tpot = ask.slo.tpot_p99_milliseconds
+    step = r.step_seconds(e.chunk_tokens, decodes=load.decodes, context=load.context)
+    if tpot is None or step * 1000 <= tpot:
+        return ()
+    return (
+        f"a step of {e.batched_tokens:,} tokens takes ~{step * 1000:,.0f} ms, "
+        f"above the TPOT P99 objective of {tpot} ms: the decodes beside a prefill "
+        "chunk wait for it; the two objectives conflict on this GPU set",
+    )
+
+
 def _meet_ttft(ask: Ask, g: GpuChoices, ctx: Context, choice: Choice) -> Choice:
     """Raise --max-num-batched-tokens until the predicted TTFT P99 meets the objective."""
     target = ask.slo.ttft_p99_milliseconds
     if target is None:
         return choice
-    c, arch, gpu = choice.candidate, ask.model.architecture, g.profile
-    notes = list(choice.notes)
-
-    def with_notes(**changes: object) -> Choice:
-        return dataclasses.replace(choice, notes=tuple(notes), **changes)  # type: ignore[arg-type]
-
-    prompt, p99 = ask.prompt, ask.prompt_p99
-    if prompt is None or p99 is None:
-        notes.append(
+    c = choice.candidate
+    load = prefill_load(ask, g, ctx, c)
+    if load is None:
+        note = (
             f"TTFT P99 objective {target} ms not planned for: spec.workload declares no prompt "
             "lengths, and the p99 prompt is what sets it"
         )
-        return with_notes()
+        return dataclasses.replace(choice, notes=(*choice.notes, note))
     r = _replica(ask, g, c)
     if r is None:
-        notes.append(
-            f"TTFT P99 objective {target} ms not planned for: {gpu.name} has no dense tensor "
-            "FLOP/s or bandwidth figure in the GPU catalog to time prefill by"
+        note = (
+            f"TTFT P99 objective {target} ms not planned for: {g.profile.name} has no dense "
+            "tensor FLOP/s or bandwidth figure in the GPU catalog to time prefill by"
         )
-        return with_notes()
-    # The sequences decoding beside the prompt: the peak concurrency one replica sees when
-    # declared, else a full batch (as many as max-num-seqs and the KV cache allow).
-    seqs = min(g.seqs_target, max(1, c.kv_token_room(arch) // max(1, ctx.typical)))
-    concurrency = min(seqs, ask.peak_per_replica) if ask.peak_per_replica else None
-    decodes = max(0, (concurrency or seqs) - 1)
-    output_mean = ask.output.mean if ask.output else max(1.0, ctx.typical - prompt.mean)
-    model = {
-        "prompt_p99": p99,
-        "prompt_mean": prompt.mean,
-        "output_mean": output_mean,
-        "decodes": decodes,
-        "context": ctx.typical,
-        "concurrency": concurrency,
-    }
-    current = int(g.batched.value) if g.batched.value.isdigit() else 8192
-    where = f"the p99 prompt ({p99:,} tokens)"
-    help_ = (
-        "what would help: shorter prompts (the p99 prompt sets it), fewer prompts per replica "
-        "(more replicas, or a lower peak concurrency), or more GPUs per replica on NVLink "
-        "(tensor parallelism splits the prefill compute)"
-    )
+        return dataclasses.replace(choice, notes=(*choice.notes, note))
     if g.batched.source == "Override" or ask.pins.enable_chunked_prefill is False:
-        e = ttft_p99(r, batched_tokens=current, **model)  # type: ignore[arg-type]
-        if e.seconds * 1000 > target:
-            fixed = "set in overrides" if g.batched.source == "Override" else "chunked prefill off"
-            notes.append(
-                f"TTFT P99 objective {target} ms is predicted missed: ~{e.milliseconds:,.0f} ms "
-                f"for {where} at max-num-batched-tokens {current:,} ({fixed}): "
-                f"{_describe(e, decodes)}; {help_}"
-            )
-        return with_notes()
-
-    need = max(1, min(ctx.typical, ctx.wanted))
-    estimates = batched_tokens_for_ttft(r, target / 1000, start=current, **model)  # type: ignore[arg-type]
-    first, last = estimates[0], estimates[-1]
-    if first.seconds * 1000 <= target:
-        return with_notes()
-    if last.seconds * 1000 <= target:
-        setting = Setting("max-num-batched-tokens", str(last.batched_tokens), "Tuner", "")
-        c2 = candidate(ask, dataclasses.replace(g, batched=setting), c.tp, c.pp)
-        if c2 is not None and fits(c2, arch, need):
-            before = (
-                f"~{first.milliseconds:,.0f} ms"
-                if math.isfinite(first.seconds)
-                else "a prefill queue that never drains"
-            )
-            reason = (
-                f"TTFT P99 objective {target} ms: {where} takes {_describe(last, decodes)}; "
-                f"{current:,} ({g.batched.reason}) would give {before}"
-            )
-            g2 = dataclasses.replace(g, batched=dataclasses.replace(setting, reason=reason))
-            tpot = ask.slo.tpot_p99_milliseconds
-            step = r.step_seconds(last.chunk_tokens, decodes=decodes, context=ctx.typical)
-            if tpot is not None and step * 1000 > tpot:
-                notes.append(
-                    f"a step of {last.batched_tokens:,} tokens takes ~{step * 1000:,.0f} ms, "
-                    f"above the TPOT P99 objective of {tpot} ms: the decodes beside a prefill "
-                    "chunk wait for it; the two objectives conflict on this GPU set"
-                )
-            return with_notes(candidate=c2, gpu_choices=g2)
-        notes.append(
-            f"TTFT P99 objective {target} ms would need max-num-batched-tokens "
-            f"{last.batched_tokens:,} (~{last.milliseconds:,.0f} ms for {where}), but its "
-            f"activations leave the KV cache too small; at {current:,} it is "
-            f"~{first.milliseconds:,.0f} ms; {help_}"
-        )
-        return with_notes()
-    # Not even one step meets it: the budget stays (a larger one would only lengthen the
-    # steps every running sequence waits for) and the note says why.
-    why = (
-        f"~{last.milliseconds:,.0f} ms predicted for {where} even at "
-        f"max-num-batched-tokens {last.batched_tokens:,} ({_describe(last, decodes)})"
+        notes = fixed_budget_notes(ask, g, r, load, target)
+        return dataclasses.replace(choice, notes=(*choice.notes, *notes))
+    budget = raise_budget(ask, g, ctx, c, r, load, target)
+    if budget.candidate is None:
+        return dataclasses.replace(choice, notes=(*choice.notes, *budget.notes))
+    return dataclasses.replace(
+        choice,
+        notes=(*choice.notes, *budget.notes),
+        candidate=budget.candidate,
+        gpu_choices=budget.gpu_choices,
     )
-    if last is not first:
-        why += f"; ~{first.milliseconds:,.0f} ms at {current:,}, which stays"
-    notes.append(
-        f"TTFT P99 objective {target} ms cannot be met on {c.gpus_count} {gpu.name} per "
-        f"replica: {why}; {help_}"
-    )
-    return with_notes()

@@ -29,7 +29,8 @@ prefilling, then decoding its mean output at the batch's decode step (Little's l
 loop slows its own arrivals, so ``rho < 1``); its p99 wait is ``s / (1 - rho) x ln(100
 rho)`` (Kleinrock, 1975, M/M/1 waiting time). Without a declared peak concurrency there is
 no queueing term (the arrival rate is unknown) and the batch is taken as full. The p99
-prompt is the declared distribution's 99th percentile (:func:`length_quantile`).
+prompt is the declared distribution's 99th percentile
+(:func:`vllm_operator.models.lengths.quantile`).
 
 **Load.** Weights are read from storage once (all GPUs of a replica share it) and copied
 to each GPU over PCIe; the two overlap, so the slower of the two bounds the time.
@@ -39,11 +40,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from statistics import NormalDist
 from typing import Final
 
 from vllm_operator.models.gpu_node import LinkKind
-from vllm_operator.models.workload import LengthDistribution
 from vllm_operator.tuning.architecture import Architecture
 
 __all__ = [
@@ -54,7 +53,6 @@ __all__ = [
     "all_reduce_seconds",
     "batched_tokens_for_ttft",
     "decode_rate",
-    "length_quantile",
     "load_time",
     "ttft_p99",
 ]
@@ -233,47 +231,6 @@ class Replica:
             total += self.step_seconds(tokens, prefix=done, decodes=decodes, context=context)
             done += tokens
         return total
-
-
-def length_quantile(dist: LengthDistribution, q: float) -> int:
-    """The ``q`` quantile of a declared length distribution, in whole tokens (clamped)."""
-    if dist.type == "Fixed":
-        assert dist.value is not None
-        return dist.value
-    if dist.type == "Uniform":
-        assert dist.min is not None and dist.max is not None
-        return math.ceil(dist.min + q * (dist.max - dist.min))
-    if dist.type == "Buckets":
-        assert dist.buckets
-        total = sum(b.weight for b in dist.buckets)
-
-        def cdf(x: float) -> float:
-            share = 0.0
-            for b in dist.buckets or ():
-                width = b.max - b.min
-                inside = (
-                    1.0 if x >= b.max else 0.0 if x < b.min or width == 0 else (x - b.min) / width
-                )
-                share += b.weight * inside
-            return share / total
-
-        low, high = float(min(b.min for b in dist.buckets)), float(max(b.max for b in dist.buckets))
-        for _ in range(60):
-            mid = (low + high) / 2
-            low, high = (mid, high) if cdf(mid) < q else (low, mid)
-        return math.ceil(high)
-    z = NormalDist().inv_cdf(q)
-    if dist.type == "Normal":
-        assert dist.mean is not None and dist.stddev is not None
-        value = dist.mean + z * dist.stddev
-    else:
-        assert dist.median is not None and dist.sigma is not None
-        value = dist.median * math.exp(z * dist.sigma)
-    if dist.max is not None:
-        value = min(value, dist.max)
-    if dist.min is not None:
-        value = max(value, dist.min)
-    return max(1, math.ceil(value))
 
 
 @dataclasses.dataclass(frozen=True)

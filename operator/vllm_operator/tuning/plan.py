@@ -44,6 +44,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+from vllm_operator.models import lengths
 from vllm_operator.models.inference_service import (
     Dtype,
     InferenceServiceSpec,
@@ -68,13 +69,13 @@ from vllm_operator.tuning.lora import (
     plan_lora,
     runtime_updating_env,
 )
-from vllm_operator.tuning.memory import GIB
+from vllm_operator.tuning.memory import GIB, KVCacheCapacity
 from vllm_operator.tuning.multinode import MIN_NNODES_VERSION, choose_across_nodes
-from vllm_operator.tuning.network import nccl_environment
+from vllm_operator.tuning.network import Network, nccl_environment
 from vllm_operator.tuning.performance import (
     MEASURED_EFFICIENCY,
     SPEC_EFFICIENCY,
-    length_quantile,
+    DecodeEstimate,
     load_time,
 )
 from vllm_operator.tuning.pod import pod_plan
@@ -92,30 +93,7 @@ from vllm_operator.tuning.units import gib
 from vllm_operator.tuning.verdicts import fit_options
 from vllm_operator.tuning.workload import length_stats
 
-__all__ = ["plan", "plan_service", "spec_only"]
-
-
-def _final_context(ask: Ask, ctx: Context, c: Candidate) -> tuple[int, str, list[str]] | None:
-    """The max-model-len in force, its reason and notes; None if a pinned one cannot fit."""
-    arch = ask.model.architecture
-    room = c.kv_token_room(arch)
-    if ctx.wanted <= room:
-        return ctx.wanted, ctx.reason, []
-    if ctx.origin == "override":
-        return None
-    capped = room // CONTEXT_ROUNDING * CONTEXT_ROUNDING if room >= 2 * CONTEXT_ROUNDING else room
-    capped = max(c.block_size, capped // c.block_size * c.block_size)
-    reason = (
-        f"{ctx.reason.split(':')[0]} capped to {capped:,}: the KV cache holds {room:,} tokens "
-        "and vLLM refuses a context one sequence cannot fill"
-    )
-    notes = []
-    if ctx.origin == "workload":
-        notes.append(
-            f"requests longer than {capped:,} tokens will be rejected (the workload's longest "
-            f"is {ctx.wanted:,}); more GPUs or a shorter workload would avoid it"
-        )
-    return capped, reason, notes
+__all__ = ["ask_of", "plan", "plan_service", "spec_only"]
 
 
 def _environment(g: GpuChoices, c: Candidate) -> list[Setting]:
@@ -161,13 +139,45 @@ def _plan_across_nodes(ask: Ask, gpu: GPUProfile, nodes_seen: int | None) -> Pla
     return result if isinstance(result, Plan) else None
 
 
-def _build(
-    ask: Ask, gpu: GPUProfile, g: GpuChoices, ctx: Context, choice: Choice
-) -> Plan | DoesNotFit:
+@dataclasses.dataclass(frozen=True)
+class FinalContext:
+    """The max-model-len in force, its reason, and notes (requests it will reject)."""
+
+    tokens: int
+    reason: str
+    notes: tuple[str, ...] = ()
+
+
+def final_context(ask: Ask, ctx: Context, c: Candidate) -> FinalContext | None:
+    """The context the workload asks for, capped to what the KV cache holds; None if a
+    pinned one cannot fit."""
     arch = ask.model.architecture
-    c = choice.candidate
-    g = choice.gpu_choices or g
-    model_max = arch.max_position_embeddings
+    room = c.kv_token_room(arch)
+    if ctx.wanted <= room:
+        return FinalContext(ctx.wanted, ctx.reason)
+    if ctx.origin == "override":
+        return None
+    capped = room // CONTEXT_ROUNDING * CONTEXT_ROUNDING if room >= 2 * CONTEXT_ROUNDING else room
+    capped = max(c.block_size, capped // c.block_size * c.block_size)
+    reason = (
+        f"{ctx.reason.split(':')[0]} capped to {capped:,}: the KV cache holds {room:,} tokens "
+        "and vLLM refuses a context one sequence cannot fill"
+    )
+    notes: tuple[str, ...] = ()
+    if ctx.origin == "workload":
+        notes = (
+            f"requests longer than {capped:,} tokens will be rejected (the workload's longest "
+            f"is {ctx.wanted:,}); more GPUs or a shorter workload would avoid it",
+        )
+    return FinalContext(capped, reason, notes)
+
+
+def context_verdict(
+    ask: Ask, gpu: GPUProfile, g: GpuChoices, ctx: Context, c: Candidate
+) -> FinalContext | DoesNotFit:
+    """The context in force, or why a pinned one cannot be served: beyond the model's
+    maximum, or beyond what the KV cache holds."""
+    model_max = ask.model.architecture.max_position_embeddings
     if ctx.origin == "override" and ctx.wanted > model_max:
         return DoesNotFit(
             "ContextDoesNotFit",
@@ -179,48 +189,61 @@ def _build(
             model=ask.model,
             memory=c.memory,
         )
-    final = _final_context(ask, ctx, c)
-    if final is None:
-        room = c.kv_token_room(arch)
-        return DoesNotFit(
-            "ContextDoesNotFit",
-            f"max-model-len {ctx.wanted:,} from spec.tuning.overrides does not fit: the KV "
-            f"cache of {c.gpus_count} {gpu.name} holds {room:,} tokens",
-            tuple(fit_options(ask, g, ctx, c)),
-            gpu=gpu,
-            model=ask.model,
-            memory=c.memory,
-        )
-    context, context_reason, context_notes = final
-    kv = c.kv(arch, context)
-    # Sequences: the target, bounded by typical requests that fit the KV cache.
+    final = final_context(ask, ctx, c)
+    if final is not None:
+        return final
+    room = c.kv_token_room(ask.model.architecture)
+    return DoesNotFit(
+        "ContextDoesNotFit",
+        f"max-model-len {ctx.wanted:,} from spec.tuning.overrides does not fit: the KV "
+        f"cache of {c.gpus_count} {gpu.name} holds {room:,} tokens",
+        tuple(fit_options(ask, g, ctx, c)),
+        gpu=gpu,
+        model=ask.model,
+        memory=c.memory,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Sequences:
+    """``--max-num-seqs`` with its reason, and a note when a pinned value overcommits."""
+
+    setting: Setting
+    notes: tuple[str, ...] = ()
+
+
+def sequences(
+    ask: Ask, g: GpuChoices, ctx: Context, c: Candidate, kv: KVCacheCapacity, context: int
+) -> Sequences:
+    """The sequence target, bounded by the typical requests the KV cache holds."""
     per_request_blocks = math.ceil(min(ctx.typical, context) / c.block_size)
     fit_seqs = max(1, kv.num_blocks // per_request_blocks)
     seqs = g.seqs_target
-    seqs_source: Literal["Tuner", "Override"] = "Tuner"
-    seqs_reason = g.seqs_reason
-    notes = [*gpu.notes, *choice.notes, *c.notes, *context_notes]
-    if not g.fmt.known:
-        notes.append(g.fmt.describe())
     if ask.pins.max_num_seqs is not None:
-        seqs_source = "Override"
-        if seqs > fit_seqs:
-            notes.append(
+        setting = Setting("max-num-seqs", str(seqs), "Override", g.seqs_reason)
+        if seqs <= fit_seqs:
+            return Sequences(setting)
+        return Sequences(
+            setting,
+            (
                 f"max-num-seqs {seqs} exceeds the {fit_seqs} typical requests the KV cache "
-                "holds; vLLM will preempt and recompute under load"
-            )
-    elif seqs > fit_seqs:
-        seqs_reason = (
-            f"{seqs_reason}, bounded to {fit_seqs} by the KV cache "
-            f"({kv.num_blocks * c.block_size:,} tokens / {ctx.typical:,} per request: "
-            f"{ctx.typical_reason})"
+                "holds; vLLM will preempt and recompute under load",
+            ),
         )
-        seqs = fit_seqs
+    if seqs <= fit_seqs:
+        return Sequences(Setting("max-num-seqs", str(seqs), "Tuner", g.seqs_reason))
+    reason = (
+        f"{g.seqs_reason}, bounded to {fit_seqs} by the KV cache "
+        f"({kv.num_blocks * c.block_size:,} tokens / {ctx.typical:,} per request: "
+        f"{ctx.typical_reason})"
+    )
+    return Sequences(Setting("max-num-seqs", str(fit_seqs), "Tuner", reason))
 
-    tp_source = choice.source
-    arguments: list[Setting] = [
-        Setting("tensor-parallel-size", str(c.tp), tp_source, choice.reason),
-    ]
+
+def parallelism_arguments(choice: Choice) -> list[Setting]:
+    """Tensor- and pipeline-parallel sizes, as chosen."""
+    c = choice.candidate
+    arguments = [Setting("tensor-parallel-size", str(c.tp), choice.source, choice.reason)]
     if c.pp > 1 and choice.pipeline_reason is not None:
         arguments.append(
             Setting("pipeline-parallel-size", str(c.pp), "Tuner", choice.pipeline_reason)
@@ -229,9 +252,16 @@ def _build(
         arguments.append(
             Setting("pipeline-parallel-size", str(c.pp), "Override", "set in overrides")
         )
-    arguments += [
-        Setting("max-model-len", str(context), "Tuner", context_reason),
-        Setting("max-num-seqs", str(seqs), seqs_source, seqs_reason),
+    return arguments
+
+
+def engine_arguments(
+    g: GpuChoices, c: Candidate, context: FinalContext, seqs: Setting
+) -> list[Setting]:
+    """Context, sequences, batch budget, memory, dtypes, caching, prefill and graphs."""
+    arguments = [
+        Setting("max-model-len", str(context.tokens), "Tuner", context.reason),
+        seqs,
         g.batched,
         Setting(
             "gpu-memory-utilization",
@@ -261,7 +291,14 @@ def _build(
         ),
         g.eager,
     ]
-    network = multinode.network_of(g) if choice.nodes > 1 else None
+    return arguments
+
+
+def distributed_arguments(choice: Choice, network: Network | None) -> list[Setting]:
+    """How the GPUs' processes are launched and joined: vLLM's own multi-node launch, one
+    process per GPU on one node, and no custom all-reduce over PCIe."""
+    c = choice.candidate
+    arguments: list[Setting] = []
     if choice.nodes > 1:
         assert network is not None
         arguments += [
@@ -301,9 +338,16 @@ def _build(
                 "chooses the PCIe path itself",
             )
         )
+    return arguments
+
+
+def ask_notes(ask: Ask, g: GpuChoices, c: Candidate) -> list[str]:
+    """Notes on what was asked: the LoRA slots' memory, overrides the planner could not read."""
+    notes = []
     if ask.lora is not None:
-        arguments += ask.lora.settings
-        slots = gpu_bytes_per_gpu(arch, ask.lora, dtype_bytes=g.dtype_bytes, tensor_parallel=c.tp)
+        slots = gpu_bytes_per_gpu(
+            ask.model.architecture, ask.lora, dtype_bytes=g.dtype_bytes, tensor_parallel=c.tp
+        )
         notes.append(
             f"LoRA: {ask.lora.max_loras} adapter slots of rank {ask.lora.max_rank} take "
             f"{gib(slots)} on each GPU, counted with the weights (out of the KV cache)"
@@ -313,14 +357,36 @@ def _build(
             "overrides the planner could not read (passed to vLLM as written; predictions "
             f"ignore them): {', '.join(ask.pins.unreadable)}"
         )
-    final_args = apply_overrides(arguments, ask.overrides)
+    return notes
 
-    # Predictions.
-    replica_kv = kv.bytes * c.gpus_count
+
+@dataclasses.dataclass(frozen=True)
+class Predicted:
+    """The predictions of one plan, the reasons behind them, and the load time the pod's
+    startup budget is sized by."""
+
+    predictions: Predictions
+    reasons: tuple[Setting, ...]
+    load_seconds: float
+
+
+def predicted(
+    ask: Ask,
+    gpu: GPUProfile,
+    g: GpuChoices,
+    choice: Choice,
+    kv: KVCacheCapacity,
+    context: int,
+    typical: int,
+    network: Network | None,
+) -> Predicted:
+    """Weights, KV bytes and tokens, concurrency, decode rate (for one sequence of
+    ``typical`` tokens) and load time, with reasons."""
+    c = choice.candidate
     decode = (
-        multinode.decode_across_nodes(ask, g, c, min(context, ctx.typical))
+        multinode.decode_across_nodes(ask, g, c, typical)
         if choice.nodes > 1
-        else decode_estimate(ask, g, c, min(context, ctx.typical))
+        else decode_estimate(ask, g, c, typical)
     )
     load = load_time(
         weights_bytes=c.weights,
@@ -330,15 +396,35 @@ def _build(
     )
     predictions = Predictions(
         weights_bytes=c.weights,
-        kv_cache_bytes=replica_kv,
+        kv_cache_bytes=kv.bytes * c.gpus_count,
         kv_cache_tokens=kv.tokens,
         max_concurrent_sequences=int(kv.max_concurrency),
         context_length=context,
         decode_tokens_per_second=round(decode.tokens_per_second, 1) if decode else None,
         load_seconds=round(load.seconds, 1),
     )
-    bw = gpu.bandwidth_bytes_per_second
-    prediction_reasons = [
+    reasons = capacity_reasons(ask, gpu, g, c, kv, context)
+    if decode is not None:
+        reasons += decode_reasons(ask, gpu, g, c, decode, typical, network)
+    reasons.append(
+        Setting(
+            "load-seconds",
+            f"{load.seconds:.1f}",
+            "Tuner",
+            f"{gib(c.weights)} from storage at an assumed 2 GB/s (network volumes are slower) "
+            f"and {gib(c.weights / c.gpus_count)} per GPU over PCIe"
+            + (" (measured)" if gpu.host_to_device_measured else ""),
+        )
+    )
+    return Predicted(predictions, tuple(reasons), load.seconds)
+
+
+def capacity_reasons(
+    ask: Ask, gpu: GPUProfile, g: GpuChoices, c: Candidate, kv: KVCacheCapacity, context: int
+) -> list[Setting]:
+    """Why each GPU's memory and the KV cache come to what they do."""
+    arch = ask.model.architecture
+    return [
         Setting(
             "memory-per-gpu",
             f"{c.memory.budget / GIB:.2f} GiB",
@@ -354,49 +440,52 @@ def _build(
             f"bytes per token per GPU; {kv.max_concurrency:.2f} requests of {context:,} tokens",
         ),
     ]
-    if decode is not None and bw is not None and network is not None:
-        hop = network.hop_seconds(arch.hidden_size * g.dtype_bytes)
-        prediction_reasons.append(
-            Setting(
-                "decode-tokens-per-second",
-                f"{decode.tokens_per_second:.1f}",
-                "Tuner",
-                f"roofline for one sequence of {min(context, ctx.typical):,} tokens through "
-                f"{c.pp} pipeline stages in turn: {gib(decode.bytes_per_gpu / c.pp)} read per "
-                f"stage per GPU at "
-                + _achieved(bw, measured=gpu.bandwidth_measured)
-                + f", {decode.communication_seconds * 1000:.2f} ms of all-reduce and "
-                f"{c.pp - 1} network hop(s) of ~{hop * 1e6:.0f} us ({network.describe()}); "
-                f"the pipeline bubble: one sequence keeps 1 of {c.pp} stages busy, so the "
-                f"aggregate rate grows with up to {c.pp} sequences in flight",
+
+
+def decode_reasons(
+    ask: Ask,
+    gpu: GPUProfile,
+    g: GpuChoices,
+    c: Candidate,
+    decode: DecodeEstimate,
+    typical: int,
+    network: Network | None,
+) -> list[Setting]:
+    """Why decode runs at the predicted rate: the roofline on one node, or through the
+    pipeline stages of a multi-node group; nothing without a bandwidth figure."""
+    bw = gpu.bandwidth_bytes_per_second
+    if bw is None:
+        return []
+    if network is not None:
+        hop = network.hop_seconds(ask.model.architecture.hidden_size * g.dtype_bytes)
+        why = (
+            f"roofline for one sequence of {typical:,} tokens through "
+            f"{c.pp} pipeline stages in turn: {gib(decode.bytes_per_gpu / c.pp)} read per "
+            f"stage per GPU at "
+            + _achieved(bw, measured=gpu.bandwidth_measured)
+            + f", {decode.communication_seconds * 1000:.2f} ms of all-reduce and "
+            f"{c.pp - 1} network hop(s) of ~{hop * 1e6:.0f} us ({network.describe()}); "
+            f"the pipeline bubble: one sequence keeps 1 of {c.pp} stages busy, so the "
+            f"aggregate rate grows with up to {c.pp} sequences in flight"
+        )
+    else:
+        why = (
+            f"roofline for one sequence of {typical:,} tokens: "
+            f"{gib(decode.bytes_per_gpu)} read per step per GPU at "
+            + _achieved(bw, measured=gpu.bandwidth_measured)
+            + (
+                f" + {decode.communication_seconds * 1000:.2f} ms of all-reduce"
+                if decode.communication_seconds
+                else ""
             )
         )
-    elif decode is not None and bw is not None:
-        prediction_reasons.append(
-            Setting(
-                "decode-tokens-per-second",
-                f"{decode.tokens_per_second:.1f}",
-                "Tuner",
-                f"roofline for one sequence of {min(context, ctx.typical):,} tokens: "
-                f"{gib(decode.bytes_per_gpu)} read per step per GPU at "
-                + _achieved(bw, measured=gpu.bandwidth_measured)
-                + (
-                    f" + {decode.communication_seconds * 1000:.2f} ms of all-reduce"
-                    if decode.communication_seconds
-                    else ""
-                ),
-            )
-        )
-    prediction_reasons.append(
-        Setting(
-            "load-seconds",
-            f"{load.seconds:.1f}",
-            "Tuner",
-            f"{gib(c.weights)} from storage at an assumed 2 GB/s (network volumes are slower) "
-            f"and {gib(c.weights / c.gpus_count)} per GPU over PCIe"
-            + (" (measured)" if gpu.host_to_device_measured else ""),
-        )
-    )
+    return [Setting("decode-tokens-per-second", f"{decode.tokens_per_second:.1f}", "Tuner", why)]
+
+
+def shape_notes(ask: Ask, gpu: GPUProfile, c: Candidate) -> list[str]:
+    """Notes on the shape planned: sliding-window layers, replicas per node, assumed links."""
+    arch = ask.model.architecture
+    notes = []
     if arch.sliding_window_layers:
         notes.append(
             f"{arch.sliding_window_layers} of {arch.num_layers} layers use a "
@@ -410,6 +499,43 @@ def _build(
         )
     if gpu.links_assumed and c.gpus_count > 1:
         notes.append("the GPUs' pairwise links were not read (no GPUNode); assumed from labels")
+    return notes
+
+
+def environment(
+    ask: Ask, g: GpuChoices, c: Candidate, network: Network | None
+) -> tuple[Setting, ...]:
+    """The server's environment: NCCL without peer-to-peer, across nodes, and LoRA updates."""
+    return (
+        tuple(_environment(g, c))
+        + (tuple(nccl_environment(network)) if network is not None else ())
+        + ((runtime_updating_env(),) if ask.lora is not None else ())
+    )
+
+
+def _build(
+    ask: Ask, gpu: GPUProfile, g: GpuChoices, ctx: Context, choice: Choice
+) -> Plan | DoesNotFit:
+    c = choice.candidate
+    g = choice.gpu_choices or g
+    context = context_verdict(ask, gpu, g, ctx, c)
+    if isinstance(context, DoesNotFit):
+        return context
+    kv = c.kv(ask.model.architecture, context.tokens)
+    seqs = sequences(ask, g, ctx, c, kv, context.tokens)
+    network = multinode.network_of(g) if choice.nodes > 1 else None
+    arguments = [
+        *parallelism_arguments(choice),
+        *engine_arguments(g, c, context, seqs.setting),
+        *distributed_arguments(choice, network),
+        *(ask.lora.settings if ask.lora is not None else ()),
+    ]
+    typical = min(context.tokens, ctx.typical)
+    expected = predicted(ask, gpu, g, choice, kv, context.tokens, typical, network)
+    notes = [*gpu.notes, *choice.notes, *c.notes, *context.notes]
+    if not g.fmt.known:
+        notes.append(g.fmt.describe())
+    notes += [*seqs.notes, *ask_notes(ask, g, c), *shape_notes(ask, gpu, c)]
     return Plan(
         model=ask.model,
         gpu=gpu,
@@ -417,24 +543,22 @@ def _build(
         link=c.link,
         tensor_parallel_size=c.tp,
         pipeline_parallel_size=c.pp,
-        arguments=tuple(final_args),
-        environment=tuple(_environment(g, c))
-        + (tuple(nccl_environment(network)) if network is not None else ())
-        + ((runtime_updating_env(),) if ask.lora is not None else ()),
+        arguments=tuple(apply_overrides(arguments, ask.overrides)),
+        environment=environment(ask, g, c, network),
         # One pod per node: the pod plan of one stage (its tp GPUs, its share of weights).
         pod=pod_plan(
             ask,
             dataclasses.replace(c, pp=1) if choice.nodes > 1 else c,
-            load.seconds,
+            expected.load_seconds,
             math.ceil(c.weights / c.gpus_count),
             download_bytes=c.weights if choice.nodes > 1 else None,
         ),
         memory=c.memory,
         kv_cache=kv,
-        predictions=predictions,
-        prediction_reasons=tuple(prediction_reasons),
+        predictions=expected.predictions,
+        prediction_reasons=expected.reasons,
         notes=tuple(notes),
-        replicas_per_node=replicas_per_node,
+        replicas_per_node=max(1, gpu.count // c.gpus_count),
         nodes=choice.nodes,
         network=network,
     )
@@ -462,6 +586,45 @@ def plan(
     ``across_nodes``: when the model does not fit one such node, plan one instance over
     several of them (tuning/multinode.py); ``nodes_seen``: how many nodes of the shape the
     cluster has (a note when a group needs more), None when unknown."""
+    ask = ask_of(
+        model,
+        workload=workload,
+        slo=slo,
+        tuning=tuning,
+        node=node,
+        dtype=dtype,
+        gpu_count=gpu_count,
+        replicas=replicas,
+        downloads_weights=downloads_weights,
+        vllm_version=vllm_version,
+        lora=lora,
+    )
+    single = _plan(ask, gpu)
+    if (
+        across_nodes
+        and isinstance(single, DoesNotFit)
+        and single.reason in ("WeightsDoNotFit", "ContextDoesNotFit")
+    ):
+        return _plan_across_nodes(ask, gpu, nodes_seen) or single
+    return single
+
+
+def ask_of(
+    model: ModelInput,
+    *,
+    workload: Workload | None = None,
+    slo: SLO | None = None,
+    tuning: TuningSpec | None = None,
+    node: NodeSpec | None = None,
+    dtype: Dtype = "auto",
+    gpu_count: int | Literal["auto"] = "auto",
+    replicas: int = 1,
+    downloads_weights: bool = False,
+    vllm_version: Version = TESTED_VERSION,
+    lora: LoRAAsk | None = None,
+) -> Ask:
+    """What :func:`plan` is asked, read once: the overrides, the workload's lengths and
+    the peak one replica sees."""
     tuning = tuning or TuningSpec()
     workload = workload or Workload()
     replicas = max(1, replicas)
@@ -482,19 +645,12 @@ def plan(
         node=node or NodeSpec(),
         downloads_weights=downloads_weights,
         vllm_version=vllm_version,
-        prompt_p99=length_quantile(workload.prompt_tokens, 0.99)
+        prompt_p99=lengths.quantile(workload.prompt_tokens, 0.99)
         if workload.prompt_tokens
         else None,
         lora=_lora_plan(lora, tuning.overrides),
     )
-    single = _plan(ask, gpu)
-    if (
-        across_nodes
-        and isinstance(single, DoesNotFit)
-        and single.reason in ("WeightsDoNotFit", "ContextDoesNotFit")
-    ):
-        return _plan_across_nodes(ask, gpu, nodes_seen) or single
-    return single
+    return ask
 
 
 def _lora_plan(lora: LoRAAsk | None, overrides: Mapping[str, str]) -> LoRAPlan | None:
@@ -626,24 +782,7 @@ def _plan_service(
             f"{', '.join(sorted({g.product for g in gpus})) or 'none'})",
             model=model,
         )
-    hf = spec.model.source.hugging_face is not None
-    results = [
-        plan(
-            model,
-            g,
-            workload=spec.workload,
-            slo=spec.slo,
-            tuning=spec.tuning,
-            node=spec.node,
-            dtype=spec.model.dtype,
-            gpu_count=spec.gpu.count,
-            replicas=spec.replicas,
-            downloads_weights=hf,
-            vllm_version=version,
-            lora=lora_ask(spec),
-        )
-        for g in _unique(candidates)
-    ]
+    results = [_plan_on(spec, model, g, version) for g in _unique(candidates)]
     plans = [r for r in results if isinstance(r, Plan)]
     if plans:
         return min(plans, key=_rank)
@@ -655,19 +794,11 @@ def _plan_service(
         if isinstance(v, DoesNotFit)
         and v.reason in ("WeightsDoNotFit", "ContextDoesNotFit")
         and isinstance(
-            r := plan(
+            r := _plan_on(
+                spec,
                 model,
                 g,
-                workload=spec.workload,
-                slo=spec.slo,
-                tuning=spec.tuning,
-                node=spec.node,
-                dtype=spec.model.dtype,
-                gpu_count=spec.gpu.count,
-                replicas=spec.replicas,
-                downloads_weights=hf,
-                vllm_version=version,
-                lora=lora_ask(spec),
+                version,
                 across_nodes=True,
                 nodes_seen=sum(1 for p in candidates if _shape(p) == _shape(g)),
             ),
@@ -678,6 +809,34 @@ def _plan_service(
         return min(groups, key=_rank)
     # The verdict for the roomiest GPU set says most about what would fit.
     return max(verdicts, key=_verdict_rank)
+
+
+def _plan_on(
+    spec: InferenceServiceSpec,
+    model: ModelInput,
+    gpu: GPUProfile,
+    version: Version,
+    *,
+    across_nodes: bool = False,
+    nodes_seen: int | None = None,
+) -> Plan | DoesNotFit:
+    """:func:`plan` of the service's model on one GPU set, as its spec asks."""
+    return plan(
+        model,
+        gpu,
+        workload=spec.workload,
+        slo=spec.slo,
+        tuning=spec.tuning,
+        node=spec.node,
+        dtype=spec.model.dtype,
+        gpu_count=spec.gpu.count,
+        replicas=spec.replicas,
+        downloads_weights=spec.model.source.hugging_face is not None,
+        vllm_version=version,
+        lora=lora_ask(spec),
+        across_nodes=across_nodes,
+        nodes_seen=nodes_seen,
+    )
 
 
 def _verdict_rank(v: DoesNotFit) -> tuple[int, int]:

@@ -1,14 +1,28 @@
-"""A fast OpenAI-compatible streaming server with known, injected delays, as its own process.
+"""The one fake OpenAI-compatible server: known, injected delays and failures.
 
-It is a boundary we own (the HTTP API the load generator speaks), not a model of vLLM: it
-answers ``/health``, ``/v1/models``, ``/tokenize``, ``/detokenize``, ``/metrics`` (vLLM's
-request gauges and latency sum, from what it serves), ``/v1/completions`` and
-``/v1/chat/completions`` (streaming with ``stream_options.include_usage``, or not), and it
-keeps a log of what it did, on the host's monotonic clock, for every generation request:
-when the request had fully arrived, when each chunk was due and when it was written, when
-the response ended. That log is the truth the accuracy tests compare the client's measurements with.
+It is a boundary we own (the HTTP API that the load generator and warmup speak), not a
+model of vLLM: it answers ``/health``, ``/v1/models``, ``/tokenize``, ``/detokenize``,
+``/metrics`` (vLLM's request gauges and latency sum, from what it serves),
+``/v1/completions`` and ``/v1/chat/completions`` (streaming with
+``stream_options.include_usage``, or not), and it keeps a log of what it did, on the host's
+monotonic clock, for every generation request: when the request had fully arrived, what it
+asked for, when each chunk was due and when it was written, when the response ended. That
+log is the truth the accuracy tests compare the client's measurements with.
 
-Why a raw asyncio protocol and a separate process:
+Two ways to run it, one server:
+
+- ``FakeServerProcess``: its own process (the load generator's tests, the overload
+  benchmark, the client comparison), configured by a ``Config`` sent as JSON.
+- ``FakeOpenAI``: a thread and event loop of this process, so that synchronous tests (the
+  CLI calls ``asyncio.run``) can use it as well as async ones (warmup's tests, and the
+  fault-server image of the cluster tier, ``devenv/cluster/fault_server.py``). Its
+  ``Config`` is read live: a test may change it mid-run, and may give the time to the first
+  token as a function of the request's index. It records what it received
+  (``FakeOpenAI.received``), counts its health checks, and stops as vLLM does with
+  ``--shutdown-timeout`` (no new connection; the generations in flight finish for up to
+  that many seconds).
+
+Why a raw asyncio protocol, and a separate process for the load generator:
 
 - Precision. Delays are scheduled at absolute times on a loop with microsecond timers
   (``vllm_operator.bench.timing``); a server thread inside the test process would share the
@@ -23,7 +37,7 @@ Delays come from a seeded distribution keyed by the request's ``X-Request-Id`` h
 arrival order without one), so they do not depend on the order in which requests arrive.
 Tokens are words: ``/tokenize`` splits on whitespace; usage counts words and tokens.
 
-Run: ``python -m tests.bench.fake_server --config '{"ttft": {"kind": "fixed", "value": 0.02}}'``
+Run: ``python -m devenv.fakes.openai_server --config '{"ttft": {"kind": "fixed", "value": 0.02}}'``
 prints ``PORT <n>`` on stdout once listening and serves until stdin closes or SIGTERM.
 ``GET /_log`` returns the log as JSON and clears it. ``GET /_stats`` returns counters and
 resets them: generation requests (a client's preflight, whose request id ends in
@@ -37,20 +51,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import random
 import resource
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from http import HTTPStatus
 from typing import Any
 
 from vllm_operator.bench.timing import new_event_loop
 
 MODEL = "fake-model"
+# The context length /v1/models reports unless a Config says otherwise.
 MAX_MODEL_LEN = 4096
 # Requests the KV cache /metrics reports holds (its usage: requests in flight over this).
 KV_REQUESTS = 16
@@ -78,9 +96,14 @@ class Delay:
         raise ValueError(f"unknown delay kind {self.kind}")
 
 
-@dataclass(frozen=True)
+@dataclass
 class Config:
-    ttft: Delay = field(default_factory=Delay)
+    """What the server does. Mutable: a ``FakeOpenAI`` reads it live, so a test may change
+    it while the server runs; a ``FakeServerProcess`` gets a copy, as JSON, at its start."""
+
+    # Seconds before the first token: a Delay, or (``FakeOpenAI`` only: a function does not
+    # cross to another process) a function of the generation request's 0-based index.
+    ttft: Delay | Callable[[int], float] = field(default_factory=Delay)
     itl: Delay = field(default_factory=Delay)
     seed: int = 0
     # Tokens per streamed chunk: >1 checks that the client counts tokens from usage.
@@ -92,6 +115,18 @@ class Config:
     drop_reused: bool = False
     # Keep the per-request log (GET /_log); the counters of GET /_stats are kept always.
     log: bool = True
+    # HTTP status of /health, of /v1/models and of every generation request (200: answer
+    # normally; else an OpenAI error body, "engine broken", as vLLM's engine errors read).
+    health_status: int = 200
+    models_status: int = 200
+    generate_status: int = 200
+    # The context length /v1/models and /tokenize report.
+    max_model_len: int = MAX_MODEL_LEN
+    # Tokens in every answer; None: as many as the request's max_tokens.
+    output_tokens: int | None = None
+    # CPU seconds of work before the first token (busy, in the serving thread: a server
+    # bound by its CPU, whose latency grows when something else takes the CPU).
+    cpu_seconds: float = 0.0
 
     @classmethod
     def from_json(cls, text: str) -> Config:
@@ -101,7 +136,15 @@ class Config:
         return cls(ttft=ttft, itl=itl, **raw)
 
     def to_json(self) -> str:
+        if not isinstance(self.ttft, Delay):
+            raise ValueError("a ttft function runs in this process only (FakeOpenAI)")
         return json.dumps(asdict(self))
+
+    def first_token(self, rng: random.Random, index: int) -> float:
+        """Seconds before the first token of generation request ``index`` (0-based)."""
+        if isinstance(self.ttft, Delay):
+            return self.ttft.draw(rng)
+        return self.ttft(index)
 
 
 @dataclass
@@ -113,6 +156,9 @@ class Entry:
     received: float
     prompt_tokens: int
     completion_tokens: int
+    # What the request asked for: a streamed answer, and at most this many tokens.
+    stream: bool = False
+    max_tokens: int = 0
     chunk_times: list[float] = field(default_factory=list)
     # When each chunk was due (its timer's instant): chunk_times minus due is how late this
     # process woke, the machine's own scheduling noise, measured beside the client's.
@@ -141,11 +187,34 @@ class _Counters:
         return _Counters(generation_open=self.generation_open, generation_peak=self.generation_open)
 
 
+@dataclass(frozen=True)
+class Received:
+    """A generation request as ``FakeOpenAI.received`` lists it: its path, whether it asked
+    for a stream, its prompt's words (tokens here) and its max_tokens."""
+
+    path: str
+    stream: bool
+    words: int
+    max_tokens: int
+
+
+def _busy(cpu_seconds: float) -> None:
+    """Spend ``cpu_seconds`` of this thread's CPU time: longer in wall time when the CPU
+    is shared."""
+    end = time.thread_time() + cpu_seconds
+    while time.thread_time() < end:
+        pass
+
+
 class _State:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.log: list[Entry] = []
         self.count = 0
+        self.health_checks = 0
+        self.connections: set[_Protocol] = set()
+        # Set when the last generation in flight ends, while a FakeOpenAI drains.
+        self.drained: asyncio.Event | None = None
         self.dropped = 0
         self.vocab: dict[str, int] = {}
         self.words: list[str] = []
@@ -163,6 +232,8 @@ class _State:
         self.in_flight -= 1
         self.finished += 1
         self.e2e_seconds += now - received
+        if not self.in_flight and self.drained is not None:
+            self.drained.set()
 
     def token_id(self, word: str) -> int:
         index = self.vocab.get(word)
@@ -172,11 +243,15 @@ class _State:
         return index
 
 
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 500: "Internal Server Error"}
+def _reason(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Unknown"
 
 
 def _head(status: int, headers: list[tuple[str, str]]) -> bytes:
-    lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}"]
+    lines = [f"HTTP/1.1 {status} {_reason(status)}"]
     lines += [f"{k}: {v}" for k, v in headers]
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
@@ -220,9 +295,11 @@ class _Protocol(asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         self.state.stats.connections_accepted += 1
+        self.state.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.state.connections.discard(self)
         if self.generated:
             self.state.stats.generation_open -= 1
         for timer in self.timers:
@@ -283,10 +360,16 @@ class _Protocol(asyncio.Protocol):
         self, method: str, path: str, headers: dict[str, str], body: bytes, received: float
     ) -> None:
         state = self.state
+        config = state.config
         if path == "/health":
-            self._reply(_head(200, [("Content-Length", "0")]))
+            state.health_checks += 1
+            self._reply(_head(config.health_status, [("Content-Length", "0")]))
+        elif path == "/v1/models" and config.models_status != 200:
+            broken = b"models broken"
+            head = [("Content-Type", "text/plain"), ("Content-Length", str(len(broken)))]
+            self._reply(_head(config.models_status, head) + broken)
         elif path == "/v1/models":
-            data = [{"id": MODEL, "object": "model", "max_model_len": MAX_MODEL_LEN}]
+            data = [{"id": MODEL, "object": "model", "max_model_len": config.max_model_len}]
             self._reply(_json_response(200, {"object": "list", "data": data}))
         elif path == "/_log":
             log = [asdict(e) for e in state.log]
@@ -314,13 +397,13 @@ class _Protocol(asyncio.Protocol):
             self._reply(_json_response(200, {"dropped": state.dropped}))
         elif path == "/tokenize":
             req = json.loads(body)
-            text = req.get("prompt")
-            if text is None:
-                text = " ".join(str(m.get("content", "")) for m in req.get("messages", []))
-            ids = [state.token_id(w) for w in str(text).split()]
+            prompt = req.get("prompt")
+            if prompt is None:
+                prompt = " ".join(str(m.get("content", "")) for m in req.get("messages", []))
+            ids = [state.token_id(w) for w in str(prompt).split()]
             self._reply(
                 _json_response(
-                    200, {"count": len(ids), "tokens": ids, "max_model_len": MAX_MODEL_LEN}
+                    200, {"count": len(ids), "tokens": ids, "max_model_len": config.max_model_len}
                 )
             )
         elif path == "/detokenize":
@@ -346,8 +429,10 @@ class _Protocol(asyncio.Protocol):
             else str(req.get("prompt", ""))
         )
         prompt_tokens = len(text.split())
-        n = int(req.get("max_tokens") or req.get("max_completion_tokens") or 16)
-        entry = Entry(rid, path, received, prompt_tokens, n)
+        max_tokens = int(req.get("max_tokens") or req.get("max_completion_tokens") or 16)
+        n = max_tokens if config.output_tokens is None else config.output_tokens
+        stream = bool(req.get("stream"))
+        entry = Entry(rid, path, received, prompt_tokens, n, stream=stream, max_tokens=max_tokens)
         if config.log:
             state.log.append(entry)
         self._count(rid, received)
@@ -356,15 +441,22 @@ class _Protocol(asyncio.Protocol):
             entry.end = time.monotonic()
             self._reply(_json_response(500, {"error": {"message": "injected failure"}}))
             return
+        if config.generate_status != 200:
+            entry.status = config.generate_status
+            entry.end = time.monotonic()
+            error = {"message": "engine broken", "code": config.generate_status}
+            self._reply(_json_response(config.generate_status, {"error": error}))
+            return
+        index = state.count - 1
         usage = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": n,
             "total_tokens": prompt_tokens + n,
         }
         state.started()
-        if not req.get("stream"):
+        if not stream:
             rng = random.Random(f"{config.seed}:{rid}")
-            total = config.ttft.draw(rng) + sum(config.itl.draw(rng) for _ in range(n - 1))
+            total = config.first_token(rng, index) + sum(config.itl.draw(rng) for _ in range(n - 1))
             choice: dict[str, Any] = (
                 {"index": 0, "message": {"role": "assistant", "content": " x" * n}}
                 if chat
@@ -372,6 +464,8 @@ class _Protocol(asyncio.Protocol):
             )
 
             def answer() -> None:
+                if config.cpu_seconds:
+                    _busy(config.cpu_seconds)
                 entry.end = time.monotonic()
                 state.ended(received, entry.end)
                 entry.chunk_times.append(entry.end)
@@ -403,12 +497,14 @@ class _Protocol(asyncio.Protocol):
         tail += _DONE
         self.current = entry
         rng = random.Random(f"{config.seed}:{rid}")
-        first = config.ttft.draw(rng)
+        first = config.first_token(rng, index)
         gaps = [config.itl.draw(rng) for _ in range(len(sizes) - 1)]
         head_chunks = chunks[: len(chunks) - len(sizes)]
         token_chunks = chunks[len(chunks) - len(sizes) :]
         if first == 0 and not any(gaps):
             # Fast path: the whole response in one write.
+            if config.cpu_seconds:
+                _busy(config.cpu_seconds)
             now = time.monotonic()
             entry.chunk_times = [now] * len(sizes)
             entry.due = [now] * len(sizes)
@@ -454,6 +550,8 @@ class _Protocol(asyncio.Protocol):
             return
         at, data = pending[0]
         last = len(pending) == 1
+        if not entry.chunk_times and self.state.config.cpu_seconds:
+            _busy(self.state.config.cpu_seconds)
         self._send(data + tail if last else data)
         now = time.monotonic()
         entry.chunk_times.append(now)
@@ -492,7 +590,7 @@ class FakeServerProcess:
             [root, str(Path(root) / "operator"), env.get("PYTHONPATH", "")]
         )
         self.process = self._subprocess.Popen(
-            [sys.executable, "-m", "tests.bench.fake_server", "--config", self.config.to_json()],
+            [sys.executable, "-m", "devenv.fakes.openai_server", "--config", self.config.to_json()],
             cwd=root,
             stdin=self._subprocess.PIPE,
             stdout=self._subprocess.PIPE,
@@ -542,6 +640,77 @@ class FakeServerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class FakeOpenAI:
+    """Run the server in a thread of this process (``FakeOpenAI(config).start()``, then
+    ``stop()``), with its own event loop: a synchronous test can call it too."""
+
+    def __init__(
+        self, behaviour: Config | None = None, *, host: str = "127.0.0.1", bind_port: int = 0
+    ) -> None:
+        # Read live by the server: a test may change it while the server runs.
+        self.behaviour = behaviour or Config()
+        # Where to listen (port 0: any free one); the fault-server image on 0.0.0.0.
+        self.host = host
+        self.bind_port = bind_port
+        self.port = 0
+        self._state = _State(self.behaviour)
+        self._loop = new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._server: asyncio.Server | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def received(self) -> list[Received]:
+        """The generation requests received so far, in order of arrival (from the log: none
+        with ``Config.log`` off)."""
+        return [
+            Received(path=e.path, stream=e.stream, words=e.prompt_tokens, max_tokens=e.max_tokens)
+            for e in list(self._state.log)
+        ]
+
+    @property
+    def health_checks(self) -> int:
+        return self._state.health_checks
+
+    def start(self) -> FakeOpenAI:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=10)
+        return self
+
+    async def _start(self) -> None:
+        self._server = await asyncio.get_running_loop().create_server(
+            lambda: _Protocol(self._state), self.host, self.bind_port, backlog=1024
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    def stop(self, drain_s: float = 0.0) -> None:
+        """Stop serving; with ``drain_s``, as vLLM's ``--shutdown-timeout`` does: take no new
+        connection, and let the generations in flight finish for up to that many seconds.
+        Then every connection is closed, and with it what was still in flight."""
+        done = asyncio.run_coroutine_threadsafe(self._shutdown(drain_s), self._loop)
+        done.result(timeout=drain_s + 10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._loop.close()
+
+    async def _shutdown(self, drain_s: float) -> None:
+        if self._server is not None:
+            self._server.close()  # no new connection; the open ones are still served
+        if self._state.in_flight and drain_s > 0:
+            self._state.drained = asyncio.Event()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._state.drained.wait(), drain_s)
+        for connection in list(self._state.connections):
+            if connection.transport is not None:
+                connection.transport.close()
+        if self._server is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._server.wait_closed(), 5)
 
 
 async def serve(config: Config, host: str, port: int, ready: Callable[[int], None]) -> None:
