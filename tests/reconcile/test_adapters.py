@@ -33,6 +33,7 @@ from vllm_operator.reconcile.adapters import (
 from vllm_operator.reconcile.inference_service import reconcile_inference_service
 from vllm_operator.render.adapters import adapter_path
 from vllm_operator.servers.adapters import NO_ADAPTER_API
+from vllm_operator.servers.pods import PodClient
 from vllm_operator.settings import OperatorSettings
 
 
@@ -151,7 +152,7 @@ async def test_sync_server_loads_replaces_unloads_and_records_what_failed() -> N
     fake = _FakeVllm({"old": "/a/old", "b": "/b-v1"}, missing={"/a/nope"})
     async with httpx.AsyncClient(transport=httpx.MockTransport(fake)) as http:
         result = await sync_server(
-            http, POD, [_adapter("a"), _adapter("b", "/b-v2"), _adapter("nope")], 16
+            PodClient(http), POD, [_adapter("a"), _adapter("b", "/b-v2"), _adapter("nope")], 16
         )
     assert result.loaded == {"a": "/a/a", "b": "/b-v2"}
     assert result.errors == {"nope": "Loading lora nope failed: No adapter found for /a/nope"}
@@ -165,7 +166,7 @@ async def test_an_unreachable_server_is_reported_not_raised() -> None:
         raise httpx.ConnectError("connection refused", request=request)
 
     async with httpx.AsyncClient(transport=httpx.MockTransport(refuse)) as http:
-        result = await sync_server(http, POD, [_adapter("a")], 16)
+        result = await sync_server(PodClient(http), POD, [_adapter("a")], 16)
     assert result.unreachable is not None and "ConnectError" in result.unreachable
 
 
@@ -219,7 +220,7 @@ async def test_no_adapter_call_goes_to_a_server_started_without_lora() -> None:
 
     old, new = _server("old", "10.0.0.1"), _server("new", "10.0.0.2", "--enable-lora")
     async with httpx.AsyncClient(transport=httpx.MockTransport(serve)) as http:
-        waiting = await sync_adapters(http, svc, plan_for(svc), [old])
+        waiting = await sync_adapters(PodClient(http), svc, plan_for(svc), [old])
         assert hosts == []
         assert waiting is not None and not waiting.ok
         assert (waiting.reason, waiting.message) == (
@@ -227,7 +228,7 @@ async def test_no_adapter_call_goes_to_a_server_started_without_lora() -> None:
             "1 running server(s) started without LoRA; the adapters load into each server "
             "the rollout that turns LoRA on starts",
         )
-        both = await sync_adapters(http, svc, plan_for(svc), [old, new])
+        both = await sync_adapters(PodClient(http), svc, plan_for(svc), [old, new])
     assert set(hosts) == {"10.0.0.2"}
     assert both is not None and both.reason == REASON_AWAITING_ROLLOUT
     assert both.statuses[0].loaded_replicas == 1
@@ -241,6 +242,6 @@ async def test_a_server_without_the_adapter_api_is_named_in_words() -> None:
         return httpx.Response(404, json={"detail": "Not Found"})  # FastAPI: no such route
 
     async with httpx.AsyncClient(transport=httpx.MockTransport(no_route)) as http:
-        result = await sync_server(http, POD, [_adapter("sql")], 16)
+        result = await sync_server(PodClient(http), POD, [_adapter("sql")], 16)
     assert result.errors == {"sql": NO_ADAPTER_API}
     assert "started without --enable-lora" in NO_ADAPTER_API

@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.fakes import RecordingCluster
@@ -14,6 +13,7 @@ from tests.specs import BASE, lock_job, node
 from vllm_operator.autoscale.decide import ScalerState
 from vllm_operator.reconcile.autoscale import autoscale_inference_service
 from vllm_operator.reconcile.inference_service import reconcile_inference_service
+from vllm_operator.servers.pods import PodHTTPError
 from vllm_operator.settings import OperatorSettings
 
 ISVC_KEY = ("inference.vllm-operator.dev/v1alpha1", "InferenceService", "team-a", "chat")
@@ -38,7 +38,7 @@ class FakeMetrics:
         self.urls.append(url)
         ip = url.split("//")[1].split(":")[0]
         if ip not in self.by_ip:
-            raise httpx.ConnectError("connection refused")
+            raise PodHTTPError("connection refused")
         return self.by_ip[ip]
 
 

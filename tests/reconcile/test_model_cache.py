@@ -18,6 +18,7 @@ from vllm_operator.models import ModelCache
 from vllm_operator.reconcile.inference_service import reconcile_inference_service
 from vllm_operator.reconcile.model_cache import reconcile_model_cache
 from vllm_operator.render.model_cache import build_claim, build_download_job
+from vllm_operator.servers.pods import PodClient
 from vllm_operator.settings import OperatorSettings
 
 NOW = datetime(2026, 12, 2, 9, 0, tzinfo=UTC)
@@ -43,7 +44,7 @@ def _cluster(cache: dict[str, Any] | None = None) -> RecordingCluster:
     return api
 
 
-async def _pass(api: RecordingCluster, http: httpx.AsyncClient | None = None) -> float | None:
+async def _pass(api: RecordingCluster, http: PodClient | None = None) -> float | None:
     body = copy.deepcopy(api.objects[CACHE_KEY])
     return await reconcile_model_cache(api, body, settings=SETTINGS, http=http, now=NOW)
 
@@ -129,7 +130,7 @@ async def test_progress_is_read_from_the_running_job_pod() -> None:
         )
 
     async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as http:
-        again = await _pass(api, http)
+        again = await _pass(api, PodClient(http))
     assert seen == ["http://10.0.0.7:8090/progress"]
     status = _status(api)
     assert status["phase"] == "Downloading"

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
-
 from tests.fakes import RecordingCluster
 from vllm_operator.constants import (
     API_VERSION,
@@ -17,6 +15,7 @@ from vllm_operator.k8s.api import ApiError
 from vllm_operator.models.base import Manifest
 from vllm_operator.runtime.cache import WATCHED, CachedAPI, WatchStore, equality_selector
 from vllm_operator.runtime.dispatch import Runtime
+from vllm_operator.servers.pods import PodClient
 from vllm_operator.settings import OperatorSettings
 
 
@@ -101,7 +100,7 @@ async def test_the_cached_api_answers_from_the_store_only_what_the_watches_show(
 async def test_a_failed_relist_keeps_what_the_kind_had() -> None:
     api = RecordingCluster()
     api.put(_pod("a"))
-    runtime = Runtime(settings=OperatorSettings(), api=api, http=httpx.AsyncClient())
+    runtime = Runtime(settings=OperatorSettings(), api=api, http=PodClient())
     await runtime.refresh_store()
     assert runtime.store.get("Pod", "team", "a") is not None and "Pod" in runtime.store.ready
     api.fail[("list", "Pod")] = ApiError(503, "ServiceUnavailable", "away")
@@ -126,7 +125,7 @@ async def test_the_relist_takes_every_label_that_puts_a_job_in_a_watch() -> None
     api.put(
         {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "x", "namespace": "team"}}
     )
-    runtime = Runtime(settings=OperatorSettings(), api=api, http=httpx.AsyncClient())
+    runtime = Runtime(settings=OperatorSettings(), api=api, http=PodClient())
     await runtime.refresh_store()
     assert sorted(j["metadata"]["name"] for j in runtime.store.select("Job", "team", {})) == [
         "k", "l", "w",
@@ -141,7 +140,7 @@ async def test_the_first_fill_retries_what_was_refused_until_every_cache_is_fill
     api.put(_pod("a"))
     api.fail[("list", "GPUNode")] = ApiError(429, "TooManyRequests", "storage initializing")
     api.fail[("list", "Pod")] = ApiError(429, "TooManyRequests", "storage initializing")
-    runtime = Runtime(settings=OperatorSettings(), api=api, http=httpx.AsyncClient())
+    runtime = Runtime(settings=OperatorSettings(), api=api, http=PodClient())
 
     async def clear_soon() -> None:
         await asyncio.sleep(0.1)

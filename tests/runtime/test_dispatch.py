@@ -9,7 +9,6 @@ import logging
 import time
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.fakes import RecordingCluster
@@ -35,6 +34,7 @@ from vllm_operator.runtime.dispatch import (
     SCALE,
     Runtime,
 )
+from vllm_operator.servers.pods import PodClient
 from vllm_operator.settings import OperatorSettings
 
 
@@ -97,7 +97,7 @@ async def runtime(calls: Calls) -> Runtime:
     return Runtime(
         settings=OperatorSettings(max_retry_seconds=60),
         api=RecordingCluster(),
-        http=httpx.AsyncClient(),
+        http=PodClient(),
         reconcile_service=calls.service,
         reconcile_benchmark=calls.benchmark,
         reconcile_cache=calls.cache,
@@ -313,7 +313,7 @@ async def test_a_converged_service_costs_one_request_per_pass() -> None:
     runtime = Runtime(
         settings=OperatorSettings(default_image="registry.local/vllm:test"),
         api=api,
-        http=httpx.AsyncClient(),
+        http=PodClient(),
     )
     await runtime.refresh_nodes()
     await runtime.refresh_store()

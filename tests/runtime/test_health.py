@@ -19,6 +19,7 @@ from vllm_operator.reconcile.inference_service import Outcome
 from vllm_operator.runtime.dispatch import ISVC, Runtime
 from vllm_operator.runtime.health import HealthServer, stuck
 from vllm_operator.runtime.queue import WorkQueue
+from vllm_operator.servers.pods import PodClient
 from vllm_operator.settings import OperatorSettings
 
 BOUND = 60.0
@@ -76,7 +77,7 @@ def _runtime(reconcile: object, **settings: float) -> Runtime:
     return Runtime(
         settings=OperatorSettings(liveness_seconds=BOUND, resync_seconds=120, **settings),
         api=api,
-        http=httpx.AsyncClient(),
+        http=PodClient(),
         reconcile_service=reconcile,  # type: ignore[arg-type]
     )
 

@@ -25,6 +25,7 @@ from vllm_operator.servers.adapters import (
     loaded_adapters,
     unload_adapter,
 )
+from vllm_operator.servers.pods import PodClient
 from vllm_operator.tuning.lora import RUNTIME_UPDATING_ENV, DeclaredAdapter, LoRAAsk, plan_lora
 from vllm_operator.warmup.run import WarmupOptions, run_warmup
 
@@ -135,9 +136,9 @@ async def test_one_pass_brings_a_server_to_the_declared_set(
         ]
 
     try:
-        first = await sync_server(http, pod, declared("a", "gone"), 16, port=int(port))
+        first = await sync_server(PodClient(http), pod, declared("a", "gone"), 16, port=int(port))
         assert first.errors == {} and set(first.loaded) == {"a", "gone"}
-        second = await sync_server(http, pod, declared("a", "b"), 16, port=int(port))
+        second = await sync_server(PodClient(http), pod, declared("a", "b"), 16, port=int(port))
         assert second.errors == {}
         assert (await loaded_adapters(http, lora_server.url)) == {
             "a": adapters["tiny-lora-a"],

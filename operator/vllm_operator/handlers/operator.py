@@ -17,7 +17,6 @@ import socket
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final, cast
 
-import httpx
 import kopf
 from prometheus_client import start_http_server
 
@@ -188,7 +187,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     memo.kube = kube
     if ours.metrics_port:
         start_http_server(ours.metrics_port)
-    memo.runtime = Runtime(settings=ours, api=kube, http=httpx.AsyncClient())
+    memo.runtime = Runtime(settings=ours, api=kube)
     memo.runtime.start()
     if ours.health_port:
         memo.health = HealthServer(memo.runtime.health, port=ours.health_port)

@@ -22,8 +22,6 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Final, Literal
 
-import httpx
-
 from vllm_operator.models import InferenceService
 from vllm_operator.models.base import Manifest
 from vllm_operator.models.conditions import pod_condition
@@ -31,12 +29,7 @@ from vllm_operator.models.inference_service import Adapter, AdapterStatus, Effec
 from vllm_operator.render.adapters import adapter_path, max_rank_in_force, rank_refusal
 from vllm_operator.render.deployment import CONTAINER
 from vllm_operator.render.meta import SERVER_PORT
-from vllm_operator.servers.adapters import (
-    AdapterApiError,
-    load_adapter,
-    loaded_adapters,
-    unload_adapter,
-)
+from vllm_operator.servers.pods import PodClient, PodHTTPError
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +108,7 @@ def serving_pods(pods: Sequence[Manifest]) -> list[Manifest]:
 
 
 async def sync_server(
-    http: httpx.AsyncClient,
+    http: PodClient,
     pod: Manifest,
     adapters: Sequence[Adapter],
     max_rank: int | None,
@@ -127,19 +120,19 @@ async def sync_server(
     endpoint = f"http://{pod['status']['podIP']}:{port}"
     result = ServerResult(pod=name)
     try:
-        loaded = await loaded_adapters(http, endpoint)
-    except AdapterApiError as err:
+        loaded = await http.loaded_adapters(endpoint)
+    except PodHTTPError as err:
         result.unreachable = str(err)
         return result
     actions, _ = plan_sync(adapters, loaded, max_rank=max_rank)
     for action in actions:
         try:
             if action.kind == "unload":
-                await unload_adapter(http, endpoint, action.name)
+                await http.unload_adapter(endpoint, action.name)
                 loaded.pop(action.name, None)
             else:
-                await load_adapter(
-                    http, endpoint, action.name, action.path, replace=action.kind == "replace"
+                await http.load_adapter(
+                    endpoint, action.name, action.path, replace=action.kind == "replace"
                 )
                 loaded[action.name] = action.path
                 log.info(
@@ -148,7 +141,7 @@ async def sync_server(
                     name,
                     extra={"pod": name, "adapter": action.name, "path": action.path},
                 )
-        except AdapterApiError as err:
+        except PodHTTPError as err:
             result.errors[action.name] = str(err)
             if action.kind == "replace":
                 loaded.pop(action.name, None)  # what is loaded is not what is wanted
@@ -169,7 +162,7 @@ class AdaptersObserved:
 
 
 async def sync_adapters(
-    http: httpx.AsyncClient | None,
+    http: PodClient | None,
     isvc: InferenceService,
     tuning: EffectiveTuning,
     pods: Sequence[Manifest],

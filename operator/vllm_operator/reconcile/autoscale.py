@@ -28,7 +28,6 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-import httpx
 from pydantic import ValidationError
 
 from vllm_operator.autoscale.decide import (
@@ -56,21 +55,13 @@ from vllm_operator.reconcile.steps import Event, Ref, emit
 from vllm_operator.releases.metrics import MetricsError, PodReading, parse_metrics
 from vllm_operator.render.hpa import hpa_name
 from vllm_operator.render.meta import SERVER_PORT, selector_string
+from vllm_operator.servers.pods import PodHTTPError
 
 log = logging.getLogger(__name__)
 
-# URL → the /metrics text; raises on failure.
+# URL → the /metrics text; raises PodHTTPError on failure (the runtime gives
+# PodClient.metrics).
 Scrape = Callable[[str], Awaitable[str]]
-SCRAPE_TIMEOUT_SECONDS = 3.0
-
-
-def http_scraper(client: httpx.AsyncClient) -> Scrape:
-    async def scrape(url: str) -> str:
-        response = await client.get(url, timeout=SCRAPE_TIMEOUT_SECONDS)
-        response.raise_for_status()
-        return response.text
-
-    return scrape
 
 
 def _ready(pod: Manifest) -> bool:
@@ -88,7 +79,7 @@ async def read_pods(pods: list[Manifest], scrape: Scrape) -> list[PodReading]:
         url = f"http://{pod['status']['podIP']}:{SERVER_PORT}/metrics"
         try:
             return parse_metrics(name, await scrape(url))
-        except (httpx.HTTPError, OSError, MetricsError) as err:
+        except (PodHTTPError, MetricsError) as err:
             log.warning("Reading a pod's metrics failed.", extra={"pod": name, "error": str(err)})
             return None
 

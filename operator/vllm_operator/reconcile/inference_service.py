@@ -26,7 +26,6 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Final
 
-import httpx
 from pydantic import ValidationError
 
 from vllm_operator.constants import (
@@ -90,6 +89,7 @@ from vllm_operator.render.lws import build_leaderworkerset, group_size
 from vllm_operator.render.meta import deployment_name, pdb_name, selector_string, service_name
 from vllm_operator.render.pdb import build_pdb
 from vllm_operator.render.service import build_service
+from vllm_operator.servers.pods import PodClient
 from vllm_operator.settings import OperatorSettings
 
 log = logging.getLogger(__name__)
@@ -757,7 +757,7 @@ async def reconcile_inference_service(
     now: datetime | None = None,
     view: NodeView | None = None,
     applied: AppliedMemo | None = None,
-    http: httpx.AsyncClient | None = None,
+    http: PodClient | None = None,
 ) -> Outcome:
     """Bring one InferenceService's children and status to what its spec asks for.
 
@@ -821,7 +821,7 @@ async def _reconcile(
     now: datetime,
     view: NodeView | None,
     applied: AppliedMemo | None,
-    http: httpx.AsyncClient | None = None,
+    http: PodClient | None = None,
 ) -> Outcome:
     ns = isvc.metadata.namespace
     # With a ModelCache, everything below sees the service as served: from the cache's

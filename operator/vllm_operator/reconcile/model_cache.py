@@ -31,7 +31,6 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Final
 
-import httpx
 from pydantic import ValidationError
 
 from vllm_operator.constants import (
@@ -57,7 +56,7 @@ from vllm_operator.render.model_cache import (
     download_job_name,
     model_path,
 )
-from vllm_operator.servers.download import download_progress
+from vllm_operator.servers.pods import PodClient
 from vllm_operator.settings import OperatorSettings
 from vllm_operator.tuning.cache import SizeUnknown, claim_size
 
@@ -106,7 +105,7 @@ async def _users(api: ClusterAPI, cache: ModelCache) -> list[str]:
 
 
 async def observe(
-    api: ClusterAPI, body: Manifest, cache: ModelCache, *, http: httpx.AsyncClient | None
+    api: ClusterAPI, body: Manifest, cache: ModelCache, *, http: PodClient | None
 ) -> Observed:
     """Every read of a pass, in the order the decision needs them (a later read only when
     an earlier one says the decision will use it)."""
@@ -144,8 +143,8 @@ async def observe(
     seen = replace(seen, job_pods=pods)
     pod_status = (_latest_pod(pods) or {}).get("status") or {}
     # A Job made this pass runs; its pod is read for progress once it runs.
-    if (job is None or job_state(job) == "Running") and _serving(pod_status):
-        progress = await download_progress(http, pod_status["podIP"], PROGRESS_PORT)
+    if http is not None and (job is None or job_state(job) == "Running") and _serving(pod_status):
+        progress = await http.download_progress(pod_status["podIP"], PROGRESS_PORT)
         seen = replace(seen, progress=progress)
     return seen
 
@@ -518,7 +517,7 @@ async def reconcile_model_cache(
     body: Manifest,
     *,
     settings: OperatorSettings,
-    http: httpx.AsyncClient | None = None,
+    http: PodClient | None = None,
     now: datetime | None = None,
 ) -> float | None:
     """Advance one ModelCache; returns when to look again (None: at the next event)."""

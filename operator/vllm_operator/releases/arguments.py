@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from vllm_operator.models.inference_service import NamedValue, command_flags
+from vllm_operator.models.inference_service import NamedValue, QuantizationMethod, command_flags
 from vllm_operator.releases.version import TESTED_VERSION, Version
 
 TABLE: Final = Path(__file__).parent / "vllm_flags.json"
@@ -110,6 +110,20 @@ class Arguments:
     def nearest(self, name: str) -> str | None:
         close = difflib.get_close_matches(name, list(self.flags), n=1, cutoff=0.6)
         return close[0] if close else None
+
+
+# The API's spec.model.quantization.method in vLLM's spelling of --quantization: lower
+# case, except these two. Not every release offers each (tests/releases/test_arguments.py);
+# where one does not, the flag is left out and the plan says why.
+_QUANTIZATION_SPELLING: Final[dict[str, str]] = {
+    "BitsAndBytes": "bitsandbytes",
+    "CompressedTensors": "compressed-tensors",
+}
+
+
+def quantization_spelling(method: QuantizationMethod) -> str:
+    """``--quantization``'s value for the API's quantization method."""
+    return _QUANTIZATION_SPELLING.get(method, method.lower())
 
 
 def _negation(name: str, entry: Mapping[str, Any]) -> str | None:

@@ -30,7 +30,6 @@ from vllm_operator.k8s.controllers import (
 )
 from vllm_operator.metrics import CONDITIONS
 from vllm_operator.models.base import Manifest
-from vllm_operator.reconcile.autoscale import http_scraper
 from vllm_operator.reconcile.inference_service import report_repeated_error
 from vllm_operator.runtime.cache import CachedAPI
 
@@ -100,7 +99,7 @@ async def _autoscale(rt: Runtime, key: Key, body: Manifest) -> tuple[float | Non
         CachedAPI(rt.api, rt.store),
         body,
         states=rt.scaler_states,
-        scrape=http_scraper(rt.http),
+        scrape=rt.http.metrics,
     )
     if again is None:
         rt.scaling.discard(key)

@@ -22,8 +22,6 @@ from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import Final
 
-import httpx
-
 from vllm_operator.autoscale.decide import ScalerState
 from vllm_operator.constants import API_VERSION, KIND_INFERENCE_BENCHMARK, KIND_INFERENCE_SERVICE
 from vllm_operator.k8s.api import ApiError, ClusterAPI
@@ -51,6 +49,7 @@ from vllm_operator.runtime.cache import WATCHED, ObjectCache, WatchStore
 from vllm_operator.runtime.controllers import BINDINGS, PENDING_BENCHMARK_SECONDS, Binding, Key
 from vllm_operator.runtime.health import stuck
 from vllm_operator.runtime.queue import WorkQueue
+from vllm_operator.servers.pods import PodClient
 from vllm_operator.settings import OperatorSettings
 
 __all__ = [
@@ -98,7 +97,9 @@ class Runtime:
 
     settings: OperatorSettings
     api: ClusterAPI
-    http: httpx.AsyncClient
+    # The one client of our own pods (their /metrics, adapters, a download's progress),
+    # opened with the runtime and closed by close(); the tests give one on a mock transport.
+    http: PodClient = field(default_factory=PodClient)
     queue: WorkQueue[Key] = field(init=False)
     # The reconciles a key's turn runs (the tests give their own).
     reconcile_service: ServiceReconcile = reconcile_inference_service

@@ -16,6 +16,8 @@ from typing import Final
 
 import httpx
 
+from vllm_operator.servers.errors import PodHTTPError
+
 REQUEST_TIMEOUT_SECONDS: Final = 10.0
 # Loading reads the adapter (and may download it from the Hub): longer.
 LOAD_TIMEOUT_SECONDS: Final = 120.0
@@ -29,12 +31,8 @@ NO_ADAPTER_API: Final = (
 )
 
 
-class AdapterApiError(RuntimeError):
+class AdapterApiError(PodHTTPError):
     """The server answered, with an error (its own words), or did not answer."""
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 def _error_text(response: httpx.Response) -> str:

@@ -16,6 +16,7 @@ import math
 from typing import Final, Literal
 
 from vllm_operator.models.gpu_node import LinkKind
+from vllm_operator.releases.memory import memory_model
 from vllm_operator.tuning import lora, quantization
 from vllm_operator.tuning.architecture import Architecture
 from vllm_operator.tuning.args import Setting
@@ -33,7 +34,6 @@ from vllm_operator.tuning.memory import (
     gpu_memory_plan,
     kv_bytes_per_token,
     kv_cache_capacity,
-    memory_model,
     memory_utilization,
     outside_reserve_bytes,
     weights_bytes,

@@ -54,7 +54,7 @@ from vllm_operator.models.inference_service import (
     TuningSpec,
 )
 from vllm_operator.models.workload import SLO, Workload
-from vllm_operator.releases.arguments import arguments_for
+from vllm_operator.releases.arguments import arguments_for, quantization_spelling
 from vllm_operator.releases.version import TESTED_VERSION, DeployedVersion, Version
 from vllm_operator.tuning import catalog, multinode
 from vllm_operator.tuning.args import Setting, apply_overrides, read_overrides
@@ -700,9 +700,7 @@ def spec_only(spec: InferenceServiceSpec, message: str) -> SpecOnly:
         proposed.append(Setting("dtype", spec.model.dtype, "Spec", "spec.model.dtype"))
     q = spec.model.quantization
     if q is not None and q.method != "None":
-        method = {"BitsAndBytes": "bitsandbytes", "CompressedTensors": "compressed-tensors"}.get(
-            q.method, q.method.lower()
-        )
+        method = quantization_spelling(q.method)
         proposed.append(Setting("quantization", method, "Spec", "spec.model.quantization"))
     lora = lora_ask(spec)
     if lora is not None:

@@ -121,7 +121,7 @@ class Ask:
     node: NodeSpec
     downloads_weights: bool
     prompt_p99: int | None = None  # the workload's p99 prompt length (TTFT P99)
-    # The vLLM release planned for: its memory model (tuning/memory.py) differs by release.
+    # The vLLM release planned for: its memory model (releases/memory.py) differs by release.
     vllm_version: Version = TESTED_VERSION
     # LoRA capacity when adapters are served (tuning/lora.py), with the overrides' values.
     lora: LoRAPlan | None = None
