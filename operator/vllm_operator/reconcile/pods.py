@@ -165,10 +165,18 @@ def _container_problem(pod: Manifest, status: dict[str, Any]) -> PodProblem | No
     return PodProblem(reason, f"{message} The kubelet restarts it.", False)
 
 
-def _pod_problem(pod: Manifest) -> PodProblem | None:
+def unschedulable(pod: Manifest) -> str | None:
+    """The scheduler's words on a pod it cannot place (PodScheduled False, Unschedulable),
+    or None while it can; the pod problem and the rollout's stuck surge pod both read it."""
     scheduled = manifest_condition(pod, "PodScheduled") or {}
     if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
-        said = str(scheduled.get("message") or "no node fits")[:_LINE]
+        return str(scheduled.get("message") or "no node fits")
+    return None
+
+
+def _pod_problem(pod: Manifest) -> PodProblem | None:
+    if (said := unschedulable(pod)) is not None:
+        said = said[:_LINE]
         return PodProblem(
             "Unschedulable",
             f"Pod {pod['metadata']['name']} cannot be scheduled: {said}",

@@ -29,10 +29,10 @@ from typing import Final
 from vllm_operator.constants import ANNOTATION_FORCE_ROLLOUT, ANNOTATION_TEMPLATE_HASH
 from vllm_operator.models import InferenceService
 from vllm_operator.models.base import Manifest
-from vllm_operator.models.conditions import manifest_condition
 from vllm_operator.models.inference_service import EffectiveTuning, ResolvedRollout
 from vllm_operator.models.quantity import parse_quantity
 from vllm_operator.reconcile.placement import fits_placement
+from vllm_operator.reconcile.pods import unschedulable
 from vllm_operator.render.deployment import rollout_strategy
 
 # Reasons (docs/troubleshooting.md): the event posted before a rollout that leaves no
@@ -225,10 +225,8 @@ def _unschedulable(pods: Sequence[Manifest]) -> str | None:
     for pod in sorted(pods, key=lambda p: str(p["metadata"]["name"])):
         if pod["metadata"].get("deletionTimestamp"):
             continue
-        scheduled = manifest_condition(pod, "PodScheduled") or {}
-        if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
-            said = str(scheduled.get("message") or "no node fits")[:300]
-            return f"pod {pod['metadata']['name']} cannot be scheduled ({said})"
+        if (said := unschedulable(pod)) is not None:
+            return f"pod {pod['metadata']['name']} cannot be scheduled ({said[:300]})"
     return None
 
 
