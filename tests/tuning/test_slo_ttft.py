@@ -41,7 +41,21 @@ def _plan(target: int | None, **kw: object) -> Plan:
 
 
 def _ttft_notes(p: Plan) -> list[str]:
-    return [n for n in p.notes if "TTFT" in n]
+    """The batch budget's notes on TTFT (the SLO answer's own lines, tuning/slo.py, are
+    tested in test_slo_answer.py and below)."""
+    answer = p.slo.lines if p.slo else ()
+    return [n for n in p.notes if "TTFT" in n and n not in answer]
+
+
+def test_the_answer_counts_the_requests_waiting_for_a_sequence_slot() -> None:
+    # 1,000 requests in flight on one L40S whose KV cache runs ~69 of them: the rest wait
+    # for a slot, which the batch budget cannot help; more replicas would.
+    p = _plan(3000)
+    assert p.slo is not None and not p.slo.met
+    (line,) = p.slo.lines
+    assert line.startswith("TTFT P99 target 3,000 ms: no candidate on the 1 L40S GPUs")
+    assert "(1000 requests each)" in line
+    assert "would meet it: " in line and "replicas of 1 L40S" in line
 
 
 def test_no_objective_keeps_the_profile_budget() -> None:

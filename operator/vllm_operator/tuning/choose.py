@@ -46,7 +46,7 @@ from vllm_operator.tuning.results import DoesNotFit, FitOption
 from vllm_operator.tuning.units import gib
 from vllm_operator.tuning.verdicts import does_not_fit
 
-__all__ = ["Choice", "choose_tp"]
+__all__ = ["Choice", "PrefillLoad", "choose_tp", "meet_ttft", "prefill_load", "sizes"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +68,7 @@ def choose_tp(ask: Ask, g: GpuChoices, ctx: Context) -> Choice | DoesNotFit:
     choice = _choose_tp(ask, g, ctx)
     if isinstance(choice, DoesNotFit):
         return choice
-    return _meet_ttft(ask, g, ctx, choice)
+    return meet_ttft(ask, g, ctx, choice)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -487,7 +487,7 @@ def _tpot_conflict(ask: Ask, r: Replica, load: PrefillLoad, e: TtftEstimate) -> 
     )
 
 
-def _meet_ttft(ask: Ask, g: GpuChoices, ctx: Context, choice: Choice) -> Choice:
+def meet_ttft(ask: Ask, g: GpuChoices, ctx: Context, choice: Choice) -> Choice:
     """Raise --max-num-batched-tokens until the predicted TTFT P99 meets the objective."""
     target = ask.slo.ttft_p99_milliseconds
     if target is None:

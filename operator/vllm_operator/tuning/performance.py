@@ -52,6 +52,7 @@ __all__ = [
     "TtftEstimate",
     "all_reduce_seconds",
     "batched_tokens_for_ttft",
+    "graph_tokens",
     "decode_rate",
     "load_time",
     "ttft_p99",
@@ -94,6 +95,16 @@ HOST_PATH_BYTES_PER_SECOND: Final = 10e9
 # chunks (>= 512 tokens) are compute-bound (Agrawal et al., "Sarathi-Serve", OSDI 2024) and
 # run at roughly half to 60 % of peak; the lower end is taken.
 PREFILL_EFFICIENCY: Final = 0.5
+# What eager mode (--enforce-eager) costs a step that CUDA graphs would have replayed: the
+# launch gaps of the layer's kernels, paid per layer on every GPU. An assumption, not a
+# measurement: 30 us per layer puts a 32-layer 8B model on an H100 ~18 % slower at batch 1
+# (~1 ms on a ~5.3 ms step), inside the 15-22 % steady-state cost reported for eager mode
+# (docs/field-notes.md, 5); the measured run (InferenceTuning) tests it per shape. Steps
+# longer than vLLM's largest captured size run without graphs in both modes, and their
+# kernels are long enough to hide the launches, so they pay nothing extra.
+EAGER_LAUNCH_SECONDS_PER_LAYER: Final = 30e-6
+# vLLM's largest CUDA-graph capture size by default: min(2 x max-num-seqs, 512) tokens.
+MAX_GRAPH_TOKENS: Final = 512
 # Candidate --max-num-batched-tokens values tried for a TTFT objective (then one step).
 BATCHED_TOKENS_STEPS: Final = (2048, 4096, 8192, 16384, 32768, 65536)
 
@@ -183,6 +194,20 @@ class Replica:
     link: LinkKind | None
     peer_to_peer: bool
     activation_bytes: int = 2
+    # --enforce-eager: steps of up to graph_tokens tokens pay the kernel launches that CUDA
+    # graphs save (EAGER_LAUNCH_SECONDS_PER_LAYER).
+    eager: bool = False
+    graph_tokens: int = MAX_GRAPH_TOKENS
+    # The share of the bandwidth decode achieves, when a measurement of this model on this
+    # shape says (None: MEASURED_EFFICIENCY or SPEC_EFFICIENCY, as ``measured`` says).
+    efficiency: float | None = None
+
+    def achieved_bandwidth(self) -> float:
+        """The bytes per second a decode step's reads run at."""
+        share = self.efficiency
+        if share is None:
+            share = MEASURED_EFFICIENCY if self.measured else SPEC_EFFICIENCY
+        return self.bandwidth_bytes_per_second * share
 
     def step_seconds(
         self, prefill_tokens: int, *, prefix: int = 0, decodes: int = 0, context: int = 0
@@ -192,9 +217,7 @@ class Replica:
         arch, tp = self.arch, max(1, self.tensor_parallel)
         tokens = prefill_tokens + decodes
         flops = tp * self.flops_per_second * PREFILL_EFFICIENCY
-        rate = self.bandwidth_bytes_per_second * (
-            MEASURED_EFFICIENCY if self.measured else SPEC_EFFICIENCY
-        )
+        rate = self.achieved_bandwidth()
         # The GEMMs: 2 FLOPs per active weight per token (the output head only for the
         # sampled positions, one per sequence; the input embedding is a lookup), or the
         # weights' read, whichever is longer.
@@ -221,7 +244,10 @@ class Replica:
                 message_bytes=message,
             )
         )
-        return gemm + attention + comm
+        launches = 0.0
+        if self.eager and tokens <= self.graph_tokens:
+            launches = arch.num_layers * EAGER_LAUNCH_SECONDS_PER_LAYER
+        return gemm + attention + comm + launches
 
     def prefill_seconds(self, prompt: int, *, chunk: int, decodes: int, context: int) -> float:
         """The engine steps that prefill a ``prompt``-token prompt in chunks of ``chunk``."""
@@ -276,6 +302,11 @@ def ttft_p99(
         if load > 0.01:
             queue = service / (1 - load) * math.log(100 * load)
     return TtftEstimate(own + queue, own, queue, steps, chunk, batched_tokens, load)
+
+
+def graph_tokens(max_num_seqs: int) -> int:
+    """The largest step vLLM captures as a CUDA graph by default."""
+    return min(2 * max(1, max_num_seqs), MAX_GRAPH_TOKENS)
 
 
 def _prefill_load(concurrency: int, service: float, decoding: float) -> float:

@@ -59,7 +59,8 @@ from vllm_operator.releases.version import TESTED_VERSION, DeployedVersion, Vers
 from vllm_operator.tuning import catalog, multinode
 from vllm_operator.tuning.args import Setting, apply_overrides, read_overrides
 from vllm_operator.tuning.candidate import Candidate, GpuChoices, decode_estimate, gpu_choices
-from vllm_operator.tuning.choose import Choice, choose_tp
+from vllm_operator.tuning import slo
+from vllm_operator.tuning.choose import Choice, choose_tp, fixed_size
 from vllm_operator.tuning.gpus import GPUProfile, match_product
 from vllm_operator.tuning.lora import (
     DeclaredAdapter,
@@ -81,6 +82,7 @@ from vllm_operator.tuning.performance import (
 from vllm_operator.tuning.pod import pod_plan
 from vllm_operator.tuning.release import for_release, release_problem
 from vllm_operator.tuning.request import CONTEXT_ROUNDING, Ask, Context, context_of, resolve_model
+from vllm_operator.tuning.slo import Measured
 from vllm_operator.tuning.results import (
     DoesNotFit,
     FitOption,
@@ -93,7 +95,7 @@ from vllm_operator.tuning.units import gib
 from vllm_operator.tuning.verdicts import fit_options
 from vllm_operator.tuning.workload import length_stats
 
-__all__ = ["ask_of", "plan", "plan_service", "spec_only"]
+__all__ = ["PlanInputs", "ask_of", "plan", "plan_service", "spec_only"]
 
 
 def _environment(g: GpuChoices, c: Candidate) -> list[Setting]:
@@ -111,13 +113,74 @@ def _environment(g: GpuChoices, c: Candidate) -> list[Setting]:
     ]
 
 
-def _plan(ask: Ask, gpu: GPUProfile) -> Plan | DoesNotFit:
+@dataclasses.dataclass(frozen=True)
+class PlanInputs:
+    """What a plan was made from, kept on it (``Plan.inputs``) so that variants of it can
+    be predicted (tuning/trials.py): the ask (for the replicas planned), its context, and
+    the measured figure it used."""
+
+    ask: Ask
+    context: Context
+    measured: Measured | None = None
+
+
+def _plan(
+    ask: Ask, gpu: GPUProfile, *, available: int | None = None, measured: Measured | None = None
+) -> Plan | DoesNotFit:
     g = gpu_choices(ask, gpu)
     ctx = context_of(ask)
     choice = choose_tp(ask, g, ctx)
     if isinstance(choice, DoesNotFit):
         return choice
-    return _build(ask, gpu, g, ctx, choice)
+    answered = slo.answer(
+        ask,
+        gpu,
+        ctx,
+        choice,
+        tp_fixed=fixed_size(ask) is not None,
+        available=available or gpu.count,
+        measured=measured,
+    )
+    if answered is None:
+        result = _build(ask, gpu, g, ctx, choice)
+        if isinstance(result, Plan):
+            notes = _unanswered(ask, g, choice)
+            result = dataclasses.replace(
+                result,
+                notes=(*result.notes, *notes),
+                inputs=PlanInputs(ask, ctx, measured),
+            )
+        return result
+    result = _build(answered.ask, gpu, answered.g, ctx, answered.choice)
+    if isinstance(result, DoesNotFit):
+        return result
+    return dataclasses.replace(
+        result,
+        slo=answered.answer,
+        notes=(*answered.answer.lines, *result.notes),
+        inputs=PlanInputs(answered.ask, ctx, measured),
+    )
+
+
+def _unanswered(ask: Ask, g: GpuChoices, choice: Choice) -> tuple[str, ...]:
+    """Targets the SLO answer could not predict at a peak: say why, citing them."""
+    targets = slo.Targets.of(ask.slo)
+    if not targets.any():
+        return ()
+    cited = " and ".join(slo.cite(m, t) for m, t in targets.items())
+    if choice.nodes > 1 or choice.candidate.pp > 1:
+        return (f"{cited}: not predicted for a pipeline-parallel group",)
+    if g.profile.bandwidth_bytes_per_second is None or g.profile.flops_per_second is None:
+        return (
+            f"{cited}: not predicted: {g.profile.name} has no bandwidth or FLOP/s figure in "
+            "the GPU catalog",
+        )
+    if not ask.peak:
+        return (
+            f"{cited}: checked at batch 1 only; declare spec.workload.peakConcurrency "
+            "(--peak-concurrency) to predict them at the peak and size the replicas",
+        )
+    return ()
 
 
 def _plan_across_nodes(ask: Ask, gpu: GPUProfile, nodes_seen: int | None) -> Plan | None:
@@ -580,12 +643,17 @@ def plan(
     lora: LoRAAsk | None = None,
     across_nodes: bool = False,
     nodes_seen: int | None = None,
+    gpus_available: int | None = None,
+    measured: Measured | None = None,
 ) -> Plan | DoesNotFit:
     """Plan one replica of ``model`` on the GPU set ``gpu`` for vLLM ``vllm_version``
     (its memory model: tuning/memory.py); ``lora``: serve LoRA adapters (tuning/lora.py).
     ``across_nodes``: when the model does not fit one such node, plan one instance over
     several of them (tuning/multinode.py); ``nodes_seen``: how many nodes of the shape the
-    cluster has (a note when a group needs more), None when unknown."""
+    cluster has (a note when a group needs more), None when unknown. ``gpus_available``:
+    the GPUs of this shape an SLO answer may spread replicas over (tuning/slo.py; default:
+    this GPU set's); ``measured``: a measured figure of this model on this shape, used
+    instead of the predicted one."""
     ask = ask_of(
         model,
         workload=workload,
@@ -599,7 +667,7 @@ def plan(
         vllm_version=vllm_version,
         lora=lora,
     )
-    single = _plan(ask, gpu)
+    single = _plan(ask, gpu, available=gpus_available, measured=measured)
     if (
         across_nodes
         and isinstance(single, DoesNotFit)
@@ -648,6 +716,10 @@ def ask_of(
         prompt_p99=lengths.quantile(workload.prompt_tokens, 0.99)
         if workload.prompt_tokens
         else None,
+        output_p99=lengths.quantile(workload.output_tokens, 0.99)
+        if workload.output_tokens
+        else None,
+        peak=peak,
         lora=_lora_plan(lora, tuning.overrides),
     )
     return ask
@@ -780,7 +852,16 @@ def _plan_service(
             f"{', '.join(sorted({g.product for g in gpus})) or 'none'})",
             model=model,
         )
-    results = [_plan_on(spec, model, g, version) for g in _unique(candidates)]
+    results = [
+        _plan_on(
+            spec,
+            model,
+            g,
+            version,
+            gpus_available=sum(p.count for p in candidates if _shape(p) == _shape(g)),
+        )
+        for g in _unique(candidates)
+    ]
     plans = [r for r in results if isinstance(r, Plan)]
     if plans:
         return min(plans, key=_rank)
@@ -817,8 +898,10 @@ def _plan_on(
     *,
     across_nodes: bool = False,
     nodes_seen: int | None = None,
+    gpus_available: int | None = None,
 ) -> Plan | DoesNotFit:
-    """:func:`plan` of the service's model on one GPU set, as its spec asks."""
+    """:func:`plan` of the service's model on one GPU set, as its spec asks;
+    ``gpus_available``: the cluster's GPUs of this shape (nodes x GPUs)."""
     return plan(
         model,
         gpu,
@@ -834,6 +917,7 @@ def _plan_on(
         lora=lora_ask(spec),
         across_nodes=across_nodes,
         nodes_seen=nodes_seen,
+        gpus_available=gpus_available,
     )
 
 

@@ -121,6 +121,9 @@ class Ask:
     node: NodeSpec
     downloads_weights: bool
     prompt_p99: int | None = None  # the workload's p99 prompt length (TTFT P99)
+    output_p99: int | None = None  # the workload's p99 output length (E2E P99)
+    # The declared peak concurrency of the whole service (peak_per_replica is its share).
+    peak: int | None = None
     # The vLLM release planned for: its memory model (releases/memory.py) differs by release.
     vllm_version: Version = TESTED_VERSION
     # LoRA capacity when adapters are served (tuning/lora.py), with the overrides' values.

@@ -79,6 +79,29 @@ class PodPlan:
 
 
 @dataclasses.dataclass(frozen=True)
+class SloAnswer:
+    """What the plan answers to ``spec.slo`` (tuning/slo.py): each target with the figure
+    predicted at the peak concurrency, whether the plan meets them, the replicas the
+    workload needs, and, for a target no candidate meets, the best prediction and what
+    would meet it. ``lines``: one sentence per target, each citing it."""
+
+    targets: tuple[tuple[str, int], ...]  # ("TTFT", 500): P99 targets in milliseconds
+    predicted: tuple[tuple[str, float], ...]  # ("TTFT", 412.0): the plan's, in milliseconds
+    met: bool
+    peak_concurrency: int
+    replicas: int  # replicas the plan is made for (the workload needs them when met)
+    replicas_asked: int
+    gpus_per_replica: int
+    goodput_per_second: float | None  # requests/s meeting every target, whole service
+    lines: tuple[str, ...]
+    would_meet: tuple[str, ...] = ()
+
+    @property
+    def gpus(self) -> int:
+        return self.replicas * self.gpus_per_replica
+
+
+@dataclasses.dataclass(frozen=True)
 class Plan:
     """A configuration that fits, for one replica on one GPU profile."""
 
@@ -103,6 +126,11 @@ class Plan:
     # network between them; 1 and None for a single-node plan.
     nodes: int = 1
     network: Network | None = None
+    # The answer to spec.slo (None: no target, or nothing to predict it by).
+    slo: SloAnswer | None = None
+    # What the plan was made from (tuning.plan.PlanInputs), for predictions of variants
+    # of it (tuning/trials.py); None for plans made elsewhere.
+    inputs: object | None = dataclasses.field(default=None, compare=False, repr=False)
     kind: Literal["Plan"] = "Plan"
 
     @property
