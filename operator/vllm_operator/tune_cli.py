@@ -67,7 +67,14 @@ from vllm_operator.tuning.architecture import ArchitectureError, from_config, mi
 from vllm_operator.tuning.plan import plan, spec_only
 from vllm_operator.tuning.release import for_release, release_problem
 from vllm_operator.tuning.request import resolve_model
-from vllm_operator.tuning.results import DoesNotFit, ModelInput, Plan, SpecOnly, TuningResult
+from vllm_operator.tuning.results import (
+    DoesNotFit,
+    ModelInput,
+    Plan,
+    SloAnswer,
+    SpecOnly,
+    TuningResult,
+)
 
 __all__ = ["add_parser", "configure", "main", "run_from_args"]
 
@@ -117,9 +124,15 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         for stat in ("p50", "p99", "max"):
             w.add_argument(f"--{which}-{stat}", type=positive, metavar="N")
     w.add_argument("--peak-concurrency", type=positive, metavar="N", help="requests in flight")
-    w.add_argument("--replicas", type=positive, default=1, help="replicas sharing the peak")
+    w.add_argument(
+        "--replicas",
+        type=positive,
+        default=1,
+        help="replicas sharing the peak (the fewest an SLO answer plans; it may need more)",
+    )
     w.add_argument("--ttft-p99-ms", type=positive, metavar="MS", help="TTFT P99 objective")
     w.add_argument("--tpot-p99-ms", type=positive, metavar="MS", help="TPOT P99 objective")
+    w.add_argument("--e2e-p99-ms", type=positive, metavar="MS", help="end-to-end P99 objective")
     t = parser.add_argument_group("tuning")
     t.add_argument(
         "--profile", choices=["Balanced", "Latency", "Throughput", "FastStart"], default=None
@@ -292,6 +305,7 @@ def tune(args: argparse.Namespace) -> tuple[TuningResult, ModelInput | None]:
         or (spec.slo.ttft_p99_milliseconds if spec else None),
         tpot_p99_milliseconds=args.tpot_p99_ms
         or (spec.slo.tpot_p99_milliseconds if spec else None),
+        e2e_p99_milliseconds=args.e2e_p99_ms or (spec.slo.e2e_p99_milliseconds if spec else None),
     )
     deployed = _deployed(args.vllm_version, spec)
     release, refused = release_problem(tuning.overrides, deployed, where="--set {name}")
@@ -397,6 +411,8 @@ def _document(result: TuningResult, model: ModelInput | None) -> dict[str, Any]:
             {"name": s.name, "value": s.value, "reason": s.reason} for s in result.environment
         ]
         doc["command"] = result.command_args()
+        if result.slo is not None:
+            doc["slo"] = _slo_document(result.slo)
     elif isinstance(result, DoesNotFit):
         doc["reason"] = result.reason
         doc["message"] = result.summary
@@ -407,6 +423,37 @@ def _document(result: TuningResult, model: ModelInput | None) -> dict[str, Any]:
         doc["message"] = result.message
         doc["tuning"] = result.effective_tuning().to_wire()
     return doc
+
+
+def _slo_document(answer: SloAnswer) -> dict[str, Any]:
+    return {
+        "met": answer.met,
+        "targets": {f"{m.lower()}P99Milliseconds": t for m, t in answer.targets},
+        "predicted": {f"{m.lower()}P99Milliseconds": v for m, v in answer.predicted},
+        "peakConcurrency": answer.peak_concurrency,
+        "replicas": answer.replicas,
+        "replicasAsked": answer.replicas_asked,
+        "gpusPerReplica": answer.gpus_per_replica,
+        "goodputPerSecond": answer.goodput_per_second,
+        "lines": list(answer.lines),
+        "wouldMeet": list(answer.would_meet),
+    }
+
+
+def _print_slo(answer: SloAnswer, out: TextIO) -> None:
+    verdict = "met" if answer.met else "NOT MET"
+    print(
+        f"\nSLO ({verdict}): {answer.replicas} replica(s) of {answer.gpus_per_replica} GPU(s) "
+        f"= {answer.gpus} GPUs for the peak of {answer.peak_concurrency} requests"
+        + (
+            f"; goodput ~{answer.goodput_per_second:,.2f} requests/s"
+            if answer.goodput_per_second is not None
+            else ""
+        ),
+        file=out,
+    )
+    for line in answer.lines:
+        print(f"  - {line}", file=out)
 
 
 def _table(rows: Sequence[tuple[str, str, str, str]], out: TextIO) -> None:
@@ -454,6 +501,8 @@ def _print_table(result: TuningResult, model: ModelInput | None, out: TextIO) ->
             f"{result.replicas_per_node} replica(s) per node",
             file=out,
         )
+    if result.slo is not None:
+        _print_slo(result.slo, out)
     print(f"\nvLLM {result.vllm_version or TESTED_VERSION} arguments", file=out)
     _table(
         [("NAME", "VALUE", "SOURCE", "REASON")]

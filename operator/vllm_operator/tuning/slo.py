@@ -601,7 +601,12 @@ def _missed(
                 f" (the plan as deployed, {deployed.describe(gpu)}: "
                 f"~{d.milliseconds(m):,.1f} ms)"
             )
-        text += "; would meet it: " + ("; ".join(options) if options else "nothing tried here")
+        text += "; would meet it: " + (
+            "; ".join(options)
+            if options
+            else f"nothing the tuner tried (up to {MAX_SEARCH_GPUS} GPUs, FP8 or 4-bit "
+            "weights, an FP8 KV cache, requests half as long)"
+        )
         lines.append(text)
     lines += _assumed(ask, ctx, targets)
     result = SloAnswer(
