@@ -128,6 +128,7 @@ class Measured:
 
     decode_tokens_per_second: float | None = None
     goodput_per_second: float | None = None  # one replica
+    tensor_parallel: int = 1  # the shape measured: GPUs per replica
     source: str = "a measurement"
 
 
@@ -164,6 +165,15 @@ def _efficiency(ask: Ask, g: GpuChoices, c: Candidate, measured: Measured | None
     if base is None:
         return None
     typical = context_of(ask).typical
+    # The rate was measured at its own TP size: the share of the bandwidth it implies is
+    # read there and carried to this candidate's.
+    tp = max(1, measured.tensor_parallel)
+    base = dataclasses.replace(
+        base,
+        tensor_parallel=tp,
+        kv_bytes_per_token_gpu=base.kv_bytes_per_token_gpu * c.tp // tp,
+        link=base.link if tp > 1 else None,
+    )
     predicted = base.step_seconds(0, decodes=1, context=typical)
     share = MEASURED_EFFICIENCY if base.measured else SPEC_EFFICIENCY
     # Step time scales as 1 / efficiency on the memory-bound decode of one sequence.
@@ -293,7 +303,11 @@ def goodput(
     """Requests per second one replica of ``c`` serves with every target met: the highest
     concurrency whose predictions meet them (bisection: predictions grow with it); 0.0
     when not even one request alone meets them; None when nothing can be predicted."""
-    if measured is not None and measured.goodput_per_second is not None:
+    if (
+        measured is not None
+        and measured.goodput_per_second is not None
+        and measured.tensor_parallel == c.tp
+    ):
         return measured.goodput_per_second
     cap = _running_cap(ask, g, ctx, c)
     top = predict(ask, g, ctx, c, cap, measured=measured)
