@@ -246,7 +246,8 @@ def test_a_measured_decode_rate_replaces_the_datasheet_fraction() -> None:
     )
     slower = slo.Measured(decode_tokens_per_second=predicted_rate * 0.7)
     assert _shape_tpot(1, measured=slower) > _shape_tpot(1) * 1.1
-    # A slower measured rate needs more GPUs for the same target.
+    # A slower measured rate changes the shape the same target needs: four replicas of one
+    # GPU no longer meet it; two of TP 2 do (at a higher predicted figure).
     base = plan(model("Llama-3.1-8B"), gpus("H100-80GB", 8), workload=CHAT, slo=SLO(tpot_p99_milliseconds=10))
     measured = plan(
         model("Llama-3.1-8B"),
@@ -255,7 +256,11 @@ def test_a_measured_decode_rate_replaces_the_datasheet_fraction() -> None:
         slo=SLO(tpot_p99_milliseconds=10),
         measured=slower,
     )
-    assert as_plan(measured).slo.gpus > as_plan(base).slo.gpus  # type: ignore[union-attr]
+    m, b = as_plan(measured).slo, as_plan(base).slo
+    assert m is not None and b is not None and m.met and b.met
+    assert (b.replicas, b.gpus_per_replica) == (4, 1)
+    assert (m.replicas, m.gpus_per_replica) == (2, 2)
+    assert dict(m.predicted)["TPOT"] > dict(b.predicted)["TPOT"]
 
 
 def test_eager_costs_the_graph_saving_at_small_batch_only() -> None:
