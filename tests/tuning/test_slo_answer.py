@@ -15,7 +15,7 @@ from vllm_operator.tune_cli import main
 from vllm_operator.tuning import slo
 from vllm_operator.tuning.plan import ask_of, plan
 from vllm_operator.tuning.request import context_of
-from vllm_operator.tuning.results import DoesNotFit, ModelInput, Plan
+from vllm_operator.tuning.results import DoesNotFit, Plan
 from vllm_operator.tuning.trials import candidate_space, predicted_goodput
 
 from .helpers import as_plan, gpus, model, workload
@@ -216,9 +216,7 @@ def test_without_a_peak_the_targets_are_checked_at_batch_one_and_say_so() -> Non
         )
     )
     assert p.slo is None
-    assert any(
-        n.startswith("TPOT P99 target 10 ms: checked at batch 1 only") for n in p.notes
-    )
+    assert any(n.startswith("TPOT P99 target 10 ms: checked at batch 1 only") for n in p.notes)
 
 
 def _shape_tpot(replicas: int, **kw: object) -> float:
@@ -248,7 +246,12 @@ def test_a_measured_decode_rate_replaces_the_datasheet_fraction() -> None:
     assert _shape_tpot(1, measured=slower) > _shape_tpot(1) * 1.1
     # A slower measured rate changes the shape the same target needs: four replicas of one
     # GPU no longer meet it; two of TP 2 do (at a higher predicted figure).
-    base = plan(model("Llama-3.1-8B"), gpus("H100-80GB", 8), workload=CHAT, slo=SLO(tpot_p99_milliseconds=10))
+    base = plan(
+        model("Llama-3.1-8B"),
+        gpus("H100-80GB", 8),
+        workload=CHAT,
+        slo=SLO(tpot_p99_milliseconds=10),
+    )
     measured = plan(
         model("Llama-3.1-8B"),
         gpus("H100-80GB", 8),
@@ -278,7 +281,10 @@ def test_eager_costs_the_graph_saving_at_small_batch_only() -> None:
     re = slo.replica_model(eager.ask, eager.g, eager.choice.candidate)
     assert rg is not None and re is not None
     ctx = context_of(ask).typical
-    one_g, one_e = rg.step_seconds(0, decodes=1, context=ctx), re.step_seconds(0, decodes=1, context=ctx)
+    one_g, one_e = (
+        rg.step_seconds(0, decodes=1, context=ctx),
+        re.step_seconds(0, decodes=1, context=ctx),
+    )
     assert 0.10 < one_e / one_g - 1 < 0.30  # ~1 ms on ~5.5 ms: the 15-22 % folklore's range
     big_g = rg.step_seconds(4096, decodes=64, context=ctx)
     big_e = re.step_seconds(4096, decodes=64, context=ctx)

@@ -811,10 +811,12 @@ class InferenceServiceSpec(ApiModel):
     slo: SLO = Field(
         default_factory=SLO,
         description=(
-            "Latency objectives the tuner plans for: a TPOT P99 may buy more GPUs per "
-            "replica on NVLink; a TTFT P99 sets max-num-batched-tokens from the workload's "
-            "p99 prompt. One the plan cannot meet is a note in status.tuning.notes with the "
-            "predicted figure and what would help."
+            "Latency objectives the tuner plans for: with a declared peak concurrency it "
+            "predicts each P99 target at the peak and plans the cheapest tensor-parallel "
+            "size and replica count that meet them all (a TTFT P99 also sets "
+            "max-num-batched-tokens from the workload's p99 prompt). status.tuning.notes "
+            "answers each target: met with the predicted figure and the replicas needed, "
+            "or the best prediction and what would meet it (docs/tuning.md)."
         ),
     )
     tuning: TuningSpec = Field(default_factory=TuningSpec, description="Tuning profile.")

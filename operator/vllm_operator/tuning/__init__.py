@@ -16,8 +16,10 @@ statistics), :mod:`.memory` (vLLM's memory budget and KV cache), :mod:`.performa
 (the resolved model and what is decided before a GPU is chosen), :mod:`.candidate` (a
 tensor-parallel size on a GPU profile), :mod:`.choose` (choosing it), :mod:`.verdicts`
 (what does not fit, and what would), :mod:`.pod` (the pod's resources) and
-:mod:`.units` (helpers they share); :mod:`.results` (what it returns), :mod:`.args`
-(arguments and overrides).
+:mod:`.units` (helpers they share); :mod:`.slo` (the answer to ``spec.slo``: the
+cheapest TP size and replica count predicted to meet the targets at the peak),
+:mod:`.trials` (candidates for a measured run); :mod:`.results` (what it returns),
+:mod:`.args` (arguments and overrides).
 """
 
 from vllm_operator.tuning.architecture import Architecture, ArchitectureError

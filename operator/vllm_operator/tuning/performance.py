@@ -52,8 +52,8 @@ __all__ = [
     "TtftEstimate",
     "all_reduce_seconds",
     "batched_tokens_for_ttft",
-    "graph_tokens",
     "decode_rate",
+    "graph_tokens",
     "load_time",
     "ttft_p99",
 ]

@@ -15,7 +15,10 @@ Planning one replica on one node's GPU set goes in this order, each step stating
    PCIe than the weights need: for a model that fits one GPU, TP across a host bridge ran
    at 3.2 tok/s where one GPU per replica gave 12 (docs/field-notes.md, 1), so extra GPUs become
    replicas instead. TP must divide the attention heads (and the KV heads, or be a
-   multiple of them) and the MLP width.
+   multiple of them) and the MLP width. With SLO targets and a declared peak concurrency,
+   :mod:`~vllm_operator.tuning.slo` then predicts every TP size x replica count at the
+   peak and takes the cheapest that meets the targets (TP over PCIe included, charged its
+   all-reduces), or keeps this choice and says what would meet them.
 4. Memory utilization, dtype, the quantization kernel, KV dtype, batch budget, prefix
    caching, chunked prefill, CUDA graphs, the all-reduce path, pod resources.
 5. **Predictions**: weights, KV bytes and tokens, concurrency at the chosen context, decode
@@ -56,10 +59,9 @@ from vllm_operator.models.inference_service import (
 from vllm_operator.models.workload import SLO, Workload
 from vllm_operator.releases.arguments import arguments_for, quantization_spelling
 from vllm_operator.releases.version import TESTED_VERSION, DeployedVersion, Version
-from vllm_operator.tuning import catalog, multinode
+from vllm_operator.tuning import catalog, multinode, slo
 from vllm_operator.tuning.args import Setting, apply_overrides, read_overrides
 from vllm_operator.tuning.candidate import Candidate, GpuChoices, decode_estimate, gpu_choices
-from vllm_operator.tuning import slo
 from vllm_operator.tuning.choose import Choice, choose_tp, fixed_size
 from vllm_operator.tuning.gpus import GPUProfile, match_product
 from vllm_operator.tuning.lora import (
@@ -82,7 +84,6 @@ from vllm_operator.tuning.performance import (
 from vllm_operator.tuning.pod import pod_plan
 from vllm_operator.tuning.release import for_release, release_problem
 from vllm_operator.tuning.request import CONTEXT_ROUNDING, Ask, Context, context_of, resolve_model
-from vllm_operator.tuning.slo import Measured
 from vllm_operator.tuning.results import (
     DoesNotFit,
     FitOption,
@@ -91,6 +92,7 @@ from vllm_operator.tuning.results import (
     SpecOnly,
     TuningResult,
 )
+from vllm_operator.tuning.slo import Measured
 from vllm_operator.tuning.units import gib
 from vllm_operator.tuning.verdicts import fit_options
 from vllm_operator.tuning.workload import length_stats

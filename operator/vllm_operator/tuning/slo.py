@@ -242,9 +242,7 @@ def predict(
     per_step = running * base.prompt_mean / max(1.0, base.output_mean)
     tail = (running + P99_Z * math.sqrt(running)) * base.prompt_mean / max(1.0, base.output_mean)
     context = base.context
-    tpot_mean = r.step_seconds(
-        min(room, math.ceil(per_step)), decodes=running, context=context
-    )
+    tpot_mean = r.step_seconds(min(room, math.ceil(per_step)), decodes=running, context=context)
     tpot = r.step_seconds(min(room, math.ceil(tail)), decodes=running, context=context)
     ttft = ttft_p99(
         r,
@@ -486,8 +484,14 @@ def answer(
     source = choice.source
     found = search(ask, gpu, ctx, tps, targets, limit=limit, measured=measured)
     deployed = shaped(
-        ask, gpu, ctx, choice.candidate.tp, max(1, ask.replicas), source=source,
-        reason=choice.reason, measured=measured,
+        ask,
+        gpu,
+        ctx,
+        choice.candidate.tp,
+        max(1, ask.replicas),
+        source=source,
+        reason=choice.reason,
+        measured=measured,
     )
     if deployed is None:
         return None
@@ -519,7 +523,8 @@ def _met(
         before = deployed.prediction
         missed = before.misses(targets)
         named = "; ".join(
-            f"{cite(m, t)}: ~{before.milliseconds(m):,.1f} ms" for m, t in targets.items()
+            f"{cite(m, t)}: ~{before.milliseconds(m):,.1f} ms"
+            for m, t in targets.items()
             if m in missed
         )
         reason = (
@@ -612,8 +617,7 @@ def _missed(
         )
         if (best.tp, best.replicas) != (deployed.tp, deployed.replicas):
             text += (
-                f" (the plan as deployed, {deployed.describe(gpu)}: "
-                f"~{d.milliseconds(m):,.1f} ms)"
+                f" (the plan as deployed, {deployed.describe(gpu)}: ~{d.milliseconds(m):,.1f} ms)"
             )
         text += "; would meet it: " + (
             "; ".join(options)
@@ -667,9 +671,7 @@ def _would_meet(
     more = search(ask, gpu, ctx, tps, targets, limit=MAX_SEARCH_GPUS, measured=measured)
     if more.meeting is not None and more.meeting.gpus > limit:
         s = more.meeting
-        options.append(
-            f"{s.gpus} GPUs ({s.describe(gpu)}: {_figures(s.prediction, targets)})"
-        )
+        options.append(f"{s.gpus} GPUs ({s.describe(gpu)}: {_figures(s.prediction, targets)})")
     for label, variant in _variants(ask, gpu, ctx):
         ask_v, ctx_v = variant
         g_v = gpu_choices(ask_v, gpu)
@@ -692,7 +694,9 @@ def _variants(ask: Ask, gpu: GPUProfile, ctx: Context) -> list[tuple[str, tuple[
     cc = gpu.compute_capability
     if ask.pins.kv_cache_dtype is None and cc is not None and cc >= (8, 9):
         pins = dataclasses.replace(ask.pins, kv_cache_dtype="fp8")
-        kv = dataclasses.replace(ask, pins=pins, overrides={**ask.overrides, "kv-cache-dtype": "fp8"})
+        kv = dataclasses.replace(
+            ask, pins=pins, overrides={**ask.overrides, "kv-cache-dtype": "fp8"}
+        )
         found.append(("kv-cache-dtype fp8", (kv, ctx)))
     short = _halved(ask)
     if short is not None:

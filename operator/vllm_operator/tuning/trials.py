@@ -89,7 +89,9 @@ def _predict(plan: Plan, inputs: PlanInputs, overrides: Mapping[str, str]) -> _O
     if (why := valid_tp(arch, ask.fmt, tp)) is not None:
         return _Outcome(None, f"tensor-parallel-size {tp}: {why}")
     if tp > plan.gpu.count:
-        return _Outcome(None, f"tensor-parallel-size {tp} needs more GPUs than {plan.gpu.describe()}")
+        return _Outcome(
+            None, f"tensor-parallel-size {tp} needs more GPUs than {plan.gpu.describe()}"
+        )
     replicas = max(1, service_gpus // tp)
     peak = ask.peak
     variant = dataclasses.replace(
@@ -233,7 +235,9 @@ def candidate_space(result: TuningResult, *, max_candidates: int = 8) -> list[Tr
         outcome = _predict(plan, inputs, overrides)
         if outcome.does_not_fit is not None:
             pruned.append(
-                TrialCandidate(name, overrides, None, f"{why}: does not fit, {outcome.does_not_fit}", False)
+                TrialCandidate(
+                    name, overrides, None, f"{why}: does not fit, {outcome.does_not_fit}", False
+                )
             )
         else:
             kept.append(TrialCandidate(name, overrides, outcome.goodput, why))
