@@ -386,9 +386,7 @@ def shaped(
     return Shaped(tp, replicas, ask_r, g, choice, p)
 
 
-def _shapes(
-    ask: Ask, gpu: GPUProfile, ctx: Context, tps: Iterable[int], limit: int
-) -> Iterator[tuple[int, int]]:
+def _shapes(ask: Ask, tps: Iterable[int], limit: int) -> Iterator[tuple[int, int]]:
     """(tp, replicas) with tp x replicas <= limit, cheapest first (then fewer replicas)."""
     peak = ask.peak or 1
     floor = max(1, ask.replicas)
@@ -424,7 +422,7 @@ def search(
     evaluated: list[Shaped] = []
     winners: list[Shaped] = []
     cost: int | None = None
-    for tp, r in _shapes(ask, gpu, ctx, list(tps), limit):
+    for tp, r in _shapes(ask, list(tps), limit):
         if cost is not None and tp * r > cost:
             break
         s = shaped(ask, gpu, ctx, tp, r, measured=measured)
