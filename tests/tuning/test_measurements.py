@@ -274,6 +274,7 @@ def test_tune_marks_a_record_of_the_plans_own_arguments(
         "-o",
         "json",
     )
+    assert code == 0
     (entry,) = json.loads(out)["measured"]["records"]
     assert entry["sameArguments"] is True and "differences" not in entry
 

@@ -303,7 +303,7 @@ class Measurements:
         )
 
     @classmethod
-    def from_config_map(cls, config_map: Manifest) -> Measurements:
+    def from_config_map(cls, config_map: Mapping[str, Any]) -> Measurements:
         data = config_map.get("data") or {}
         if not isinstance(data, Mapping):
             raise MeasurementsError("ConfigMap data: expected a mapping of keys to records")
