@@ -5,15 +5,21 @@ a rule edited by hand, fails it.
 
 The namespaced ClusterRole holds every controller's permissions, one rule per resource
 (the union of the controllers' verbs, each controller's reason above it); the cluster
-ClusterRole the node caches' and Kopf's, from the table's CLUSTER_PERMISSIONS. The
-bindings around them are fixed text here.
+ClusterRole the node caches' and Kopf's, from the table's CLUSTER_PERMISSIONS; a Role in
+the release namespace the operator's own objects there, by name, from
+OWN_NAMESPACE_PERMISSIONS. The bindings around them are fixed text here.
 """
 
 from __future__ import annotations
 
 import textwrap
 
-from vllm_operator.k8s.controllers import CLUSTER_PERMISSIONS, Rule, namespaced_permissions
+from vllm_operator.k8s.controllers import (
+    CLUSTER_PERMISSIONS,
+    OWN_NAMESPACE_PERMISSIONS,
+    Rule,
+    namespaced_permissions,
+)
 
 HEADER = """\
 {{- /*
@@ -30,6 +36,8 @@ Two ClusterRoles:
 - <fullname>: namespaced permissions, bound cluster-wide (ClusterRoleBinding) when the
   operator watches every namespace, or by a RoleBinding in each watched namespace only
   when operator.watchNamespaces is set.
+And a Role <fullname>-own in the release namespace, bound there always: the operator's
+own objects by name (the measurements ConfigMap, which templates/measurements.yaml makes).
 
 Each rule names the requests behind it. tests/test_chart.py pins this list, and
 e2e/test_helm.py runs the operator's cluster scenario with this ServiceAccount's token.
@@ -73,6 +81,31 @@ rules:
 """
 
 FOOTER = """\
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata:
+  name: {{ $fullname }}-own
+  namespace: {{ .Release.Namespace }}
+  labels:
+    {{- include "vllm-operator.labels" . | nindent 4 }}
+rules:
+{own}---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata:
+  name: {{ $fullname }}-own
+  namespace: {{ .Release.Namespace }}
+  labels:
+    {{- include "vllm-operator.labels" . | nindent 4 }}
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: Role
+  name: {{ $fullname }}-own
+subjects:
+  - kind: ServiceAccount
+    name: {{ $sa }}
+    namespace: {{ .Release.Namespace }}
 {{- if .Values.operator.watchNamespaces }}
 {{- range .Values.operator.watchNamespaces }}
 ---
@@ -113,7 +146,7 @@ subjects:
 """
 
 
-def _rule(rule: Rule) -> str:
+def _rule(rule: Rule, names: tuple[str, ...] = ()) -> str:
     lines = [
         line
         for why in rule.why
@@ -125,6 +158,8 @@ def _rule(rule: Rule) -> str:
         f"    resources: [{', '.join(rule.resources)}]",
         f"    verbs: [{', '.join(rule.verbs)}]",
     ]
+    if names:
+        lines.append(f"    resourceNames: [{', '.join(names)}]")
     return "".join(f"{line}\n" for line in lines)
 
 
@@ -136,7 +171,12 @@ def render() -> dict[str, str]:
             text = f"  {{{{- if .Values.operator.watchNamespaces }}}}\n{text}  {{{{- end }}}}\n"
         cluster += text
     namespaced = "".join(_rule(rule) for rule in namespaced_permissions())
-    return {"rbac.yaml": HEADER + cluster + MIDDLE + namespaced + FOOTER}
+    own = "".join(
+        _rule(Rule(resource.group, (resource.plural,), verbs, (why,)), names)
+        for resource, verbs, names, why in OWN_NAMESPACE_PERMISSIONS
+    )
+    footer = FOOTER.replace("{own}", own)
+    return {"rbac.yaml": HEADER + cluster + MIDDLE + namespaced + footer}
 
 
 if __name__ == "__main__":

@@ -294,6 +294,10 @@ UPCOMING_RULES = [
     (("inference.vllm-operator.dev",), ("modelcaches/status",), ("patch",)),
     (("inference.vllm-operator.dev",), ("inferenceservices/scale",), ("get", "patch")),
 ]
+# The Role in the release namespace: the operator's own objects there, by name.
+OWN_RULES = [
+    (("",), ("configmaps",), ("get", "patch"), ("vllm-operator-measurements",)),
+]
 CLUSTER_RULES = [
     (("",), ("nodes",), ("list", "watch")),
     (("inference.vllm-operator.dev",), ("gpunodes",), ("list", "watch")),
@@ -317,7 +321,51 @@ def test_the_operator_gets_exactly_the_permissions_it_uses() -> None:
         assert bindings[name]["subjects"] == [
             {"kind": "ServiceAccount", "name": "r-vllm-operator", "namespace": "vllm-system"}
         ]
-    assert not of_kind(docs, "RoleBinding")
+    (own_binding,) = of_kind(docs, "RoleBinding")
+    assert own_binding["metadata"]["namespace"] == "vllm-system"
+    assert own_binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": "r-vllm-operator-own",
+    }
+
+
+def test_the_operator_may_read_and_patch_the_measurements_configmap_in_its_namespace_only() -> None:
+    for values in ({}, {"operator.watchNamespaces": "{team-a}"}):
+        docs = render(values)
+        role = one(docs, "Role", "r-vllm-operator-own")
+        assert role["metadata"]["namespace"] == "vllm-system"
+        assert [
+            (
+                tuple(r["apiGroups"]),
+                tuple(r["resources"]),
+                tuple(r["verbs"]),
+                tuple(r["resourceNames"]),
+            )
+            for r in role["rules"]
+        ] == OWN_RULES
+        binding = one(docs, "RoleBinding", "r-vllm-operator-own")
+        assert binding["metadata"]["namespace"] == "vllm-system"
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "r-vllm-operator", "namespace": "vllm-system"}
+        ]
+    env = _container(render())["env"]
+    (own,) = [e for e in env if e["name"] == "VLLM_OPERATOR_OWN_NAMESPACE"]
+    assert own["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+
+
+def test_the_measurements_configmap_is_the_operators_kept_on_uninstall_and_optional() -> None:
+    cm = one(render(), "ConfigMap", "vllm-operator-measurements")
+    assert cm["metadata"]["namespace"] == "vllm-system"
+    # The own-objects policy lets the operator patch only what carries its label.
+    assert cm["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "vllm-operator"
+    assert cm["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    assert "data" not in cm  # the chart never writes (or, on upgrade, drops) the records
+    assert not [
+        d
+        for d in render({"measurements.create": "false"})
+        if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "vllm-operator-measurements"
+    ]
 
 
 @pytest.mark.parametrize("values", [{}, FULL], ids=["default values", "full values"])
@@ -332,7 +380,9 @@ def test_no_rule_has_a_wildcard(values: dict[str, str]) -> None:
 
 def test_watching_namespaces_binds_namespaced_permissions_in_those_only() -> None:
     docs = render({"operator.watchNamespaces": "{team-a,team-b}"})
-    bindings = of_kind(docs, "RoleBinding")
+    bindings = [
+        b for b in of_kind(docs, "RoleBinding") if b["metadata"]["name"] == "r-vllm-operator"
+    ]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     assert all(
         b["roleRef"]
@@ -431,7 +481,7 @@ def test_the_image_digest_wins_over_the_tag() -> None:
 def test_the_operator_environment_is_valid_operator_settings(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    env = {e["name"]: e["value"] for e in _container(render(FULL))["env"]}
+    env = {e["name"]: e["value"] for e in _container(render(FULL))["env"] if "value" in e}
     ours = {k: v for k, v in env.items() if k.startswith("VLLM_OPERATOR_")}
     fields = {f"VLLM_OPERATOR_{name.upper()}" for name in OperatorSettings.model_fields}
     assert ours.keys() <= fields, f"unknown settings: {ours.keys() - fields}"
@@ -696,7 +746,7 @@ def test_the_pod_monitor_sets_the_label_the_dashboard_groups_by() -> None:
 
 
 def test_the_dashboard_configmap_carries_the_json_and_the_sidecar_label() -> None:
-    cm = one(render({"dashboard.enabled": "true"}), "ConfigMap")
+    cm = one(render({"dashboard.enabled": "true"}), "ConfigMap", "r-vllm-operator-dashboard")
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(cm["data"]["vllm-operator.json"]) == _dashboard()
 

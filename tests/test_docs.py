@@ -135,3 +135,20 @@ def test_the_argocd_docs_name_the_keys_argocd_reads() -> None:
     text = (REPO / "deploy" / "argocd" / "README.md").read_text()
     for kind in ("InferenceService", "InferenceBenchmark", "GPUNode"):
         assert f"resource.customizations.health.inference.vllm-operator.dev_{kind}" in text
+
+
+def test_the_measurements_page_lists_every_calibration_point_with_its_use() -> None:
+    """docs/measurements.md's table of the memory model's calibration points is the data
+    file's, each with the use tests/tuning/test_memory_calibration.py makes of it."""
+    from tests.tuning.test_memory_calibration import EXCLUDED, FAILED, POINTS, POINTS_YAML, WSL2
+
+    uses = {
+        **{i: "not used" for i in EXCLUDED},
+        **{i: "apart (WSL2)" for i in WSL2},
+        **{i: "failed to start" for i in FAILED},
+        **{i: "checked" for i in POINTS},
+    }
+    text = (REPO / "docs" / "measurements.md").read_text()
+    rows = re.findall(r"^\| `([^`]+)` \|.*\| ([^|]+?) \|$", text, flags=re.M)
+    assert [point for point, _ in rows] == [p["id"] for p in POINTS_YAML]
+    assert {point: use for point, use in rows} == {p["id"]: uses[p["id"]] for p in POINTS_YAML}

@@ -127,6 +127,10 @@ class Config:
     # CPU seconds of work before the first token (busy, in the serving thread: a server
     # bound by its CPU, whose latency grows when something else takes the CPU).
     cpu_seconds: float = 0.0
+    # Seconds added to the first token per other generation in flight when a request
+    # arrives: latency that grows with the load, as a server's queue makes it (0: none).
+    # Each request's delays are its own timers, so requests in flight overlap either way.
+    ttft_per_in_flight: float = 0.0
 
     @classmethod
     def from_json(cls, text: str) -> Config:
@@ -453,10 +457,15 @@ class _Protocol(asyncio.Protocol):
             "completion_tokens": n,
             "total_tokens": prompt_tokens + n,
         }
+        queued = config.ttft_per_in_flight * state.in_flight
         state.started()
         if not stream:
             rng = random.Random(f"{config.seed}:{rid}")
-            total = config.first_token(rng, index) + sum(config.itl.draw(rng) for _ in range(n - 1))
+            total = (
+                queued
+                + config.first_token(rng, index)
+                + sum(config.itl.draw(rng) for _ in range(n - 1))
+            )
             choice: dict[str, Any] = (
                 {"index": 0, "message": {"role": "assistant", "content": " x" * n}}
                 if chat
@@ -497,7 +506,7 @@ class _Protocol(asyncio.Protocol):
         tail += _DONE
         self.current = entry
         rng = random.Random(f"{config.seed}:{rid}")
-        first = config.first_token(rng, index)
+        first = queued + config.first_token(rng, index)
         gaps = [config.itl.draw(rng) for _ in range(len(sizes) - 1)]
         head_chunks = chunks[: len(chunks) - len(sizes)]
         token_chunks = chunks[len(chunks) - len(sizes) :]

@@ -45,6 +45,10 @@ ANNOTATION_FORCE_ROLLOUT: Final = f"{GROUP}/force-rollout"
 # Pod readiness gate that the operator sets once warmup of the pod succeeded.
 WARMED_UP_CONDITION: Final = f"{GROUP}/warmed-up"
 
+# The ConfigMap, in the operator's own namespace, that keeps what measured tuning runs
+# measured (tuning/measurements.py), one record per key.
+MEASUREMENTS_CONFIG_MAP: Final = "vllm-operator-measurements"
+
 # Labels on objects the operator creates.
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 # Its value on everything the operator creates.

@@ -104,6 +104,12 @@ class OperatorSettings(BaseSettings):
         default_factory=list,
         description="Namespaces to watch (JSON list); empty watches the whole cluster.",
     )
+    own_namespace: str = Field(
+        default="vllm-operator",
+        min_length=1,
+        description="The operator's own namespace (the chart sets it from the pod's): where "
+        "the measurements ConfigMap (vllm-operator-measurements) is kept.",
+    )
     kubeconfig: str | None = Field(
         default=None, description="Kubeconfig file; unset uses KUBECONFIG or in-cluster."
     )

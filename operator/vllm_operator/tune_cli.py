@@ -9,6 +9,7 @@ Examples::
     vllm-operator tune TheBloke/Llama-2-7B-GPTQ --gpu RTX-3090 -o args
     vllm-operator tune Llama-2-7B --gpu-node gpunode.yaml --set max-model-len=2048 -o yaml
     vllm-operator tune --service isvc.yaml --gpu L40S
+    vllm-operator tune Llama-3.1-8B --gpu H100-80GB --measurements measured.yaml
 
 The model is a folder holding ``config.json``, a ``config.json`` file, or a name from the
 built-in catalog (repository ids and their -Instruct/-GPTQ/-AWQ variants). The GPUs are a
@@ -16,6 +17,11 @@ product and count (``--gpu``, ``--count``, ``--interconnect``) or a GPUNode mani
 status the node agent wrote (``--gpu-node``). Lengths are given as percentiles or maxima:
 p50 and p99 make a log-normal distribution, p50 and max a log-normal clamped at max, max
 alone a uniform one, p50 alone a fixed length.
+
+``--measurements FILE`` reads what measured tuning runs measured (a list of records, or
+the ``vllm-operator-measurements`` ConfigMap as ``kubectl get -o yaml`` prints it): the
+records of the planned model on the same GPU product, GPUs per replica and vLLM version
+are shown beside the plan, each with its goodput, the prediction and the error.
 
 Nothing is downloaded and nothing is written; the command is pure computation over its
 inputs. Exit status: 0 a plan fits, 1 nothing fits (or the model's shape is unknown),
@@ -64,6 +70,13 @@ from vllm_operator.releases.version import (
 )
 from vllm_operator.tuning import catalog
 from vllm_operator.tuning.architecture import ArchitectureError, from_config, missing_keys
+from vllm_operator.tuning.measurements import (
+    Comparison,
+    Measurements,
+    MeasurementsError,
+    Shape,
+    compare,
+)
 from vllm_operator.tuning.plan import plan, spec_only
 from vllm_operator.tuning.release import for_release, release_problem
 from vllm_operator.tuning.request import resolve_model
@@ -150,6 +163,12 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         metavar="X.Y.Z",
         help=f"the vLLM release to plan for: its arguments are the ones written and checked "
         f"(default: {TESTED_VERSION}, the release the operator's tests run)",
+    )
+    t.add_argument(
+        "--measurements",
+        metavar="FILE",
+        help="measured records (YAML or JSON list, or the vllm-operator-measurements "
+        "ConfigMap): those of the planned shape are shown beside the plan",
     )
     t.add_argument("--cpu-pinning", action="store_true", help="exclusive cores")
     t.add_argument("--shm-size", help="/dev/shm size (default: planned)")
@@ -456,6 +475,97 @@ def _print_slo(answer: SloAnswer, out: TextIO) -> None:
         print(f"  - {line}", file=out)
 
 
+def _read_measurements(path: str) -> Measurements:
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise InputError(f"--measurements {path}: cannot read it: {exc.strerror or exc}") from exc
+    try:
+        return Measurements.parse(text)
+    except MeasurementsError as exc:
+        raise InputError(f"--measurements {path}: {exc}") from exc
+
+
+def _percent(error: float | None) -> str:
+    return "-" if error is None else f"{error * 100:+.0f}%"
+
+
+def _measured_document(
+    result: TuningResult, path: str, comparisons: Sequence[Comparison]
+) -> dict[str, Any]:
+    doc: dict[str, Any] = {"file": path}
+    if isinstance(result, Plan):
+        doc["shape"] = Shape.of_plan(result).describe()
+    records = []
+    for c in comparisons:
+        r = c.record
+        entry: dict[str, Any] = {
+            "key": c.key,
+            "sameArguments": c.same_arguments,
+            "goodputPerSecond": r.goodput_per_second,
+            "predictedGoodputPerSecond": c.predicted_goodput_per_second,
+            "predictionError": None if c.error is None else round(c.error, 4),
+            "ttft": r.ttft.to_wire(),
+            "tpot": r.tpot.to_wire(),
+            "sloAttainment": r.slo_attainment,
+            "slo": r.slo.to_wire(),
+            "measuredAt": r.measured_at.isoformat(),
+        }
+        if c.differences:
+            entry["differences"] = {
+                flag: {"planned": planned, "measured": measured}
+                for flag, (planned, measured) in c.differences.items()
+            }
+        if r.tuning is not None:
+            entry["tuning"] = r.tuning.to_wire()
+        records.append(entry)
+    doc["records"] = records
+    return doc
+
+
+def _print_measured(
+    result: TuningResult, path: str, comparisons: Sequence[Comparison], out: TextIO
+) -> None:
+    if not isinstance(result, Plan):
+        return
+    shape = Shape.of_plan(result).describe()
+    if not comparisons:
+        print(f"\nMeasured: no record in {path} is of {shape}", file=out)
+        return
+    print(f"\nMeasured ({len(comparisons)} record(s) of {shape}, from {path})", file=out)
+    head = ("ARGUMENTS", "GOODPUT", "PREDICTED", "ERROR", "TTFT P50/P99", "TPOT P50/P99")
+    rows = [(*head, "SLO MET", "MEASURED", "BY")]
+    for c in comparisons:
+        r = c.record
+        by = f"{r.tuning.namespace}/{r.tuning.name} {r.tuning.trial}" if r.tuning else "-"
+        rows.append(
+            (
+                "the plan's" if c.same_arguments else f"{len(c.differences)} differ",
+                f"{r.goodput_per_second:.2f}/s",
+                "-"
+                if c.predicted_goodput_per_second is None
+                else f"{c.predicted_goodput_per_second:.2f}/s",
+                _percent(c.error),
+                f"{r.ttft.p50:.0f}/{r.ttft.p99:.0f} ms",
+                f"{r.tpot.p50:.1f}/{r.tpot.p99:.1f} ms",
+                f"{r.slo_attainment * 100:.1f}%",
+                r.measured_at.strftime("%Y-%m-%d"),
+                by,
+            )
+        )
+    width = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        cells = "  ".join(f"{v:<{w}}" for v, w in zip(row, width, strict=True))
+        print(f"  {cells}".rstrip(), file=out)
+    for c in comparisons:
+        if c.differences:
+            changed = ", ".join(
+                f"{flag} {measured or '(bare)'} (plan: {'unset' if planned is None else planned})"
+                for flag, (planned, measured) in c.differences.items()
+            )
+            print(f"  {c.key}: measured with {changed}", file=out)
+
+
 def _table(rows: Sequence[tuple[str, str, str, str]], out: TextIO) -> None:
     width = [max(len(r[i]) for r in rows) for i in range(3)]
     for row in rows:
@@ -543,13 +653,18 @@ def _print_table(result: TuningResult, model: ModelInput | None, out: TextIO) ->
 
 def run_from_args(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
+    path: str | None = getattr(args, "measurements", None)
     try:
+        measurements = _read_measurements(path) if path else None
         result, model = tune(args)
     except (InputError, ValidationError) as exc:
         print(f"vllm-operator tune: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    comparisons = compare(result, measurements) if measurements is not None else []
     if args.output == "table":
         _print_table(result, model, out)
+        if path:
+            _print_measured(result, path, comparisons, out)
     elif args.output == "args":
         if isinstance(result, Plan):
             print(" ".join(result.command_args()), file=out)
@@ -559,6 +674,8 @@ def run_from_args(args: argparse.Namespace, out: TextIO | None = None) -> int:
             print(f"vllm-operator tune: {result.reason}: {result.message}", file=sys.stderr)
     else:
         doc = _document(result, model)
+        if path:
+            doc["measured"] = _measured_document(result, path, comparisons)
         if args.output == "json":
             print(json.dumps(doc, indent=2), file=out)
         else:

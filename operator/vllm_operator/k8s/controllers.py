@@ -42,6 +42,7 @@ from vllm_operator.constants import (
     LABEL_MODEL_CACHE,
     LABEL_SERVICE,
     LABEL_WARMUP_FOR,
+    MEASUREMENTS_CONFIG_MAP,
     PLURAL_GPU_NODE,
     PLURAL_INFERENCE_BENCHMARK,
     PLURAL_INFERENCE_SERVICE,
@@ -432,6 +433,22 @@ CLUSTER_PERMISSIONS: Final[tuple[tuple[Resource, tuple[Verb, ...], str, bool], .
         ("list", "watch"),
         "Kopf: with a list of namespaces, it observes which of them exist.",
         True,
+    ),
+)
+
+
+# (resource, verbs, names, why): the rules of a Role in the operator's own namespace, bound
+# there whatever operator.watchNamespaces says (that namespace need not be watched). Only
+# the named objects: the chart creates them, so no `create`.
+OWN_NAMESPACE_PERMISSIONS: Final[
+    tuple[tuple[Resource, tuple[Verb, ...], tuple[str, ...], str], ...]
+] = (
+    (
+        CONFIG_MAP,
+        ("get", "patch"),
+        (MEASUREMENTS_CONFIG_MAP,),
+        "The measurements a measured tuning run keeps for later plans "
+        "(tuning/measurements.py): read, and new records merged in by a JSON merge patch.",
     ),
 )
 

@@ -326,3 +326,41 @@ def release_flags(arguments: Iterable[NamedValue], version: str | None) -> list[
     known = Version.parse(version or "") or TESTED_VERSION
     table = arguments_for(known).arguments
     return command_flags(arguments, table.negations if table is not None else None)
+
+
+def command_values(argv: Iterable[str], version: Version | None = None) -> dict[str, str]:
+    """The flags of a ``vllm serve`` command line as name → value, the inverse of
+    :func:`~vllm_operator.models.inference_service.command_flags`: a switch ``true``, its
+    negation (``--no-enforce-eager``, ``--disable-log-requests``'s kin) ``false``, any
+    other flag its value, ``--name=value`` and ``--name value`` alike; an alias under its
+    flag's name. Only the release's own arguments are read (``version``: the tested
+    release when None): a positional (the model), an unknown flag and the value after it
+    are skipped, as are the leading ``serve``."""
+    table = arguments_for(version or TESTED_VERSION).arguments
+    flags = table.flags if table is not None else {}
+    negated = {negation: name for name, negation in (table.negations if table else {}).items()}
+    tokens = list(argv)
+    values: dict[str, str] = {}
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        i += 1
+        if not token.startswith("--"):
+            continue
+        name, sep, inline = token[2:].partition("=")
+        if name in negated:
+            values[negated[name]] = "false"
+            continue
+        flag = flags.get(name)
+        if flag is None:
+            continue
+        if not flag.takes_value:
+            values[flag.name] = "true" if not sep else inline
+        elif sep:
+            values[flag.name] = inline
+        elif i < len(tokens) and not tokens[i].startswith("--"):
+            values[flag.name] = tokens[i]
+            i += 1
+        else:
+            values[flag.name] = ""
+    return dict(sorted(values.items()))
