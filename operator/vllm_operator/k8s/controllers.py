@@ -3,7 +3,8 @@ kubebuilder ``SetupWithManager`` with its ``+kubebuilder:rbac`` markers says it 
 place: the kind it reconciles, the kinds it watches by label, or by a field of theirs
 that names the controller's object (and which of those its reads are served from the
 watch store), the label by which an object names the controller's object, how its turn
-behaves on failure, its metric label, and the RBAC verbs it needs per kind. Everything else is derived from it:
+behaves on failure, its metric label, and the RBAC verbs it needs per kind. Everything
+else is derived from it:
 
 - the Kopf registrations (``handlers/operator.py`` iterates :data:`CONTROLLERS` and
   :data:`CLUSTER_CACHES`), and the watches' apiserver label selectors;
