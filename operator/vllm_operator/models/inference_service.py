@@ -356,7 +356,8 @@ class TuningSpec(ApiModel):
         "winning flags are laid over spec.tuning.overrides (this spec is never changed; "
         "status.measuredFrom says what is applied, or why not). A winner that is stale or "
         "not distinguishable from the incumbent is not applied. Unset: the most recent "
-        "finished tuning of this service with spec.autoApply true, if any.",
+        "finished tuning of this service with spec.autoApply true, if any. An in-place "
+        "trial running on this service comes before either.",
     )
 
     model_config = cel_rules(

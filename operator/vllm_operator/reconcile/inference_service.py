@@ -743,8 +743,9 @@ async def _invalid(api: ClusterAPI, body: Manifest, err: ValidationError, now: d
     await _write_stalled(api, body, "InvalidSpec", message, now, observed=True)
 
 
-# Condition reasons of status False that are news, not warnings.
-_NOT_WARNINGS: Final = ("TuningNotFinished",)
+# Condition reasons of status False that are news, not warnings: a tuning still running,
+# and a winner no better than the arguments in force.
+_NOT_WARNINGS: Final = ("TuningNotFinished", "NotDistinguishable")
 
 
 async def _events(
@@ -755,7 +756,7 @@ async def _events(
 ) -> None:
     """Events on transitions only: Ready changing, a new reason to be Stalled, a new
     reason an adapter did not load, or a measured result applied, dropped or refused
-    (Tuned; a tuning still running is no warning)."""
+    (Tuned; a tuning still running, or a winner not distinguishable, is no warning)."""
     before = old.conditions if old else []
     for type_ in ("Ready", "Stalled", "AdaptersLoaded", "Tuned"):
         was, now = find(before, type_), find(new.conditions, type_)
