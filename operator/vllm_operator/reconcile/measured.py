@@ -114,7 +114,7 @@ def _name(tuning: Manifest) -> str:
 
 
 def _targets(tuning: Manifest, isvc: InferenceService) -> bool:
-    return _dig(tuning, "spec", "targetRef", "name") == isvc.metadata.name
+    return bool(_dig(tuning, "spec", "targetRef", "name") == isvc.metadata.name)
 
 
 def _going(tuning: Manifest) -> bool:
