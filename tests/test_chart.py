@@ -284,6 +284,7 @@ UPCOMING_RULES = [
         ("horizontalpodautoscalers",),
         ("get", "list", "watch", "create", "patch", "delete"),
     ),
+    (("inference.vllm-operator.dev",), ("inferencetunings",), ("get", "list", "watch")),
     (("inference.vllm-operator.dev",), ("inferencebenchmarks",), ("get", "list", "watch")),
     (("inference.vllm-operator.dev",), ("inferencebenchmarks/status",), ("patch",)),
     (("",), ("pods/eviction",), ("create",)),

@@ -16,6 +16,8 @@ from vllm_operator.k8s.controllers import (
     CONTROLLERS,
     Controller,
     Resource,
+    Watch,
+    field_keys,
     owner_keys,
     watches,
 )
@@ -122,6 +124,31 @@ def test_an_object_names_the_controllers_whose_labels_it_carries(
     labels: dict[str, str], keys: list[tuple[str, str, str]]
 ) -> None:
     assert owner_keys(labels, "team") == keys
+
+
+@pytest.mark.parametrize(
+    ("body", "keys"),
+    [
+        (
+            {"metadata": {"namespace": "team"}, "spec": {"targetRef": {"name": "chat"}}},
+            [("isvc", "team", "chat")],
+        ),
+        ({"metadata": {"namespace": "team"}, "spec": {}}, []),
+        ({"metadata": {}, "spec": {"targetRef": {"name": "chat"}}}, []),
+    ],
+    ids=["a tuning names its target", "one naming none adds nothing", "nor one of no namespace"],
+)
+def test_a_tuning_names_the_service_it_targets_by_its_field(
+    body: dict[str, object], keys: list[tuple[str, str, str]]
+) -> None:
+    assert field_keys("InferenceTuning", body) == keys
+    assert field_keys("InferenceBenchmark", body) == [], "only the kinds a watch maps so"
+
+
+def test_a_watch_maps_by_a_label_or_by_a_field_not_both() -> None:
+    resource = CONTROLLERS[0].reconciles
+    with pytest.raises(ValueError, match="not both"):
+        Watch(resource, "some-label", names_by=("spec", "x"))
 
 
 def _granted(role: dict[str, object]) -> set[tuple[str, str, str]]:

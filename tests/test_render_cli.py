@@ -241,6 +241,46 @@ def test_a_service_on_a_model_cache_not_in_the_file_is_refused(
     assert "spec.model.source.cache names ModelCache qwen" in err
 
 
+async def test_a_tuning_given_renders_its_winner_as_the_reconcile_would(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.reconcile.test_measured import WIN, tuning
+
+    spec = {**BASE["spec"], "tuning": {"overrides": {"max-num-seqs": "64"}}}
+    body = _in_cluster(
+        {**BASE, "spec": {**spec, "tuning": {**spec["tuning"], "measuredRef": {"name": "tune"}}}}
+    )
+    result = tuning(winner=WIN, namespace="elsewhere")
+    (tmp_path / "isvc.yaml").write_text(yaml.safe_dump(body))
+    (tmp_path / "tune.yaml").write_text(yaml.safe_dump(result))
+    argv = ["-f", str(tmp_path / "isvc.yaml"), *_flags(L40S), "--default-image", IMAGE]
+    code, out, err = run(capsys, *argv, "--tuning", str(tmp_path / "tune.yaml"), "-o", "json")
+    assert code == 0, err
+    rendered = json.loads(out)["items"]
+    args = rendered[-1]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--max-num-seqs") + 1] == "8"
+    # The cluster's tuning is in the service's namespace (the file's is taken as such).
+    assert rendered == await _reconciled(body, _pool(L40S), tuning(winner=WIN))
+    code, out, _ = run(capsys, *argv, "--tuning", str(tmp_path / "tune.yaml"))
+    head = out.split("\n---\n")[0]
+    assert "measured winner seqs-8" in head.replace("\n#   ", " ")
+    assert "--max-num-seqs 8 [Measured]" in out
+    code, out, _ = run(capsys, *argv)
+    assert "InferenceTuning tune, which does not exist" in out.replace("\n#   ", " ")
+
+
+def test_a_tuning_file_without_a_tuning_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "empty.yaml").write_text(yaml.safe_dump(BASE))
+    path = EXAMPLES / "inferenceservice-minimal.yaml"
+    code, out, err = run(
+        capsys, "-f", str(path), *_flags(L40S), "--tuning", str(tmp_path / "empty.yaml")
+    )
+    assert (code, out) == (2, "")
+    assert "empty.yaml: the file holds no InferenceTuning" in err
+
+
 def test_json_and_yaml_hold_the_same_objects(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

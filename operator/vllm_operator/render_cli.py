@@ -14,7 +14,11 @@ holds. The objects are the reconcile's own (reconcile/preview.py runs its plan a
 steps on a snapshot of nodes of that shape): the Service, the PodDisruptionBudget, the
 HorizontalPodAutoscaler in autoscaling mode HPA, and the Deployment, or the
 LeaderWorkerSet of a multi-node plan. A service served from a ModelCache needs the
-ModelCache in the same file; it is assumed downloaded.
+ModelCache in the same file; it is assumed downloaded. InferenceTunings in the same file,
+or given with ``--tuning`` (``kubectl get itune NAME -o yaml``), are taken as the
+namespace's: the measured result the service would take from them (an in-place trial,
+spec.tuning.measuredRef, spec.autoApply) is rendered, and the header says which, or why
+none is applied.
 
 What depends on the live cluster takes what a first apply would get, and the output's
 header says what was assumed. ownerReferences are left out: the operator's own apply
@@ -50,6 +54,7 @@ from vllm_operator.cli_inputs import (
 )
 from vllm_operator.constants import (
     GPU_RESOURCE,
+    KIND_INFERENCE_TUNING,
     KIND_MODEL_CACHE,
     NODE_LABEL_GPU_COUNT,
     NODE_LABEL_GPU_INTERCONNECT,
@@ -101,6 +106,15 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--default-image",
         help="the serving image of a service that names none (default: the operator's, "
         "VLLM_OPERATOR_DEFAULT_IMAGE)",
+    )
+    parser.add_argument(
+        "--tuning",
+        metavar="FILE",
+        action="append",
+        default=[],
+        help="InferenceTunings (as kubectl get -o yaml prints them) to take as the "
+        "namespace's: the measured result the service would take is rendered; repeatable "
+        "(InferenceTunings in the --service file count too)",
     )
     parser.add_argument(
         "-o",
@@ -167,6 +181,36 @@ def _cache(args: argparse.Namespace, isvc: InferenceService) -> Manifest | None:
     return assume_downloaded(found[0])
 
 
+def _items(doc: Any) -> list[Any]:
+    """A document's objects: a List's items, or the document itself."""
+    if isinstance(doc, dict) and doc.get("kind") == "List":
+        items = doc.get("items")
+        return list(items) if isinstance(items, list) else []
+    return [doc]
+
+
+def _tunings(args: argparse.Namespace, isvc: InferenceService) -> list[Manifest]:
+    """The InferenceTunings of the service file and of each ``--tuning`` file (a List's
+    items too), each taken as in the service's namespace. A ``--tuning`` file that holds
+    none is refused: the preview would silently apply nothing."""
+    found: list[Manifest] = []
+    for path in [args.service, *args.tuning]:
+        here = [
+            item
+            for doc in read_documents(path)
+            for item in _items(doc)
+            if isinstance(item, dict) and item.get("kind") == KIND_INFERENCE_TUNING
+        ]
+        if not here and path != args.service:
+            raise InputError(f"--tuning {path}: the file holds no InferenceTuning")
+        for item in here:
+            meta = item.get("metadata")
+            if not isinstance(meta, dict) or not meta.get("name"):
+                raise InputError(f"{path}: an InferenceTuning without metadata.name")
+            found.append({**item, "metadata": {**meta, "namespace": isvc.metadata.namespace}})
+    return found
+
+
 def _interconnect(profile: GPUProfile) -> str | None:
     """The interconnect label of a node with these GPUs: nvlink, or the topology kind of
     its slowest pair (pcie for a host bridge, as the agent writes it)."""
@@ -217,6 +261,7 @@ def render(args: argparse.Namespace) -> tuple[Preview, GPUProfile]:
     """The first apply of the service in ``args`` on nodes of the shape in ``args``."""
     isvc = _service(args)
     cache = _cache(args, isvc)
+    tunings = _tunings(args, isvc)
     profile = gpu_profile(args)
     node, raw = _node(args, profile)
     preview = first_apply(
@@ -224,6 +269,7 @@ def render(args: argparse.Namespace) -> tuple[Preview, GPUProfile]:
         node,
         gpu_node=raw,
         cache=cache,
+        tunings=tunings,
         settings=_settings(args),
         now=datetime.now(UTC).replace(microsecond=0),
     )

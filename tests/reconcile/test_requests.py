@@ -111,8 +111,8 @@ async def test_a_foreign_child_outside_the_watches_is_still_read_and_left_alone(
 async def test_without_the_watches_a_pass_reads_everything_and_applies_every_child() -> None:
     """Before the first relist (and in the tests that pass the fake directly), every
     read goes to the apiserver: the three children, the HPA by label, the lock and the
-    warmup Jobs, the pods, the benchmarks and the Service's EndpointSlices; and without a
-    memo every child is applied."""
+    warmup Jobs, the pods, the benchmarks, the tunings and the Service's EndpointSlices;
+    and without a memo every child is applied."""
     api, body, _ = await _converged()
     view = await list_nodes(api)
     api.calls.clear()
@@ -124,6 +124,7 @@ async def test_without_the_watches_a_pass_reads_everything_and_applies_every_chi
         "EndpointSlice",
         "HorizontalPodAutoscaler",
         "InferenceBenchmark",
+        "InferenceTuning",
         "Job",
         "Job",
         "Pod",

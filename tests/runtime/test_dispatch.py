@@ -237,6 +237,20 @@ def test_labelled_objects_add_their_owners_keys(
     assert _due(runtime) == keys
 
 
+@pytest.mark.parametrize("event", ["ADDED", "MODIFIED", "DELETED"])
+def test_a_tuning_event_reconciles_the_service_it_targets(runtime: Runtime, event: str) -> None:
+    """A tuning labels nothing on its target: its spec.targetRef.name maps its events (an
+    in-place trial set or cleared, a winner, its deletion) to the target, and the store
+    keeps it for the target's reads."""
+    body = _obj("InferenceTuning", "tune", spec={"targetRef": {"name": "chat"}})
+    runtime.on_labelled(body, "ADDED", "InferenceTuning")
+    runtime.queue._due.clear()
+    runtime.on_labelled(body, event, "InferenceTuning")
+    assert (ISVC, "team", "chat") in _due(runtime)
+    kept = runtime.store.get("InferenceTuning", "team", "tune")
+    assert (kept is None) == (event == "DELETED")
+
+
 async def test_a_resync_adds_every_service_and_schedules_the_autoscaling_ones(
     runtime: Runtime,
 ) -> None:

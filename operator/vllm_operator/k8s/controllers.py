@@ -1,9 +1,10 @@
 """The controller table: one frozen record per controller the operator runs, as a
 kubebuilder ``SetupWithManager`` with its ``+kubebuilder:rbac`` markers says it in one
-place: the kind it reconciles, the kinds it watches by label (and which of those its
-reads are served from the watch store), the label by which an object names the
-controller's object, how its turn behaves on failure, its metric label, and the RBAC
-verbs it needs per kind. Everything else is derived from it:
+place: the kind it reconciles, the kinds it watches by label, or by a field of theirs
+that names the controller's object (and which of those its reads are served from the
+watch store), the label by which an object names the controller's object, how its turn
+behaves on failure, its metric label, and the RBAC verbs it needs per kind. Everything
+else is derived from it:
 
 - the Kopf registrations (``handlers/operator.py`` iterates :data:`CONTROLLERS` and
   :data:`CLUSTER_CACHES`), and the watches' apiserver label selectors;
@@ -36,6 +37,7 @@ from vllm_operator.constants import (
     KIND_GPU_NODE,
     KIND_INFERENCE_BENCHMARK,
     KIND_INFERENCE_SERVICE,
+    KIND_INFERENCE_TUNING,
     KIND_MODEL_CACHE,
     LABEL_BENCHMARK,
     LABEL_LOCK_TARGET,
@@ -46,6 +48,7 @@ from vllm_operator.constants import (
     PLURAL_GPU_NODE,
     PLURAL_INFERENCE_BENCHMARK,
     PLURAL_INFERENCE_SERVICE,
+    PLURAL_INFERENCE_TUNING,
     PLURAL_MODEL_CACHE,
 )
 
@@ -90,6 +93,9 @@ INFERENCE_BENCHMARK: Final = Resource(
     API_VERSION, KIND_INFERENCE_BENCHMARK, PLURAL_INFERENCE_BENCHMARK, True
 )
 MODEL_CACHE: Final = Resource(API_VERSION, KIND_MODEL_CACHE, PLURAL_MODEL_CACHE, True)
+INFERENCE_TUNING: Final = Resource(
+    API_VERSION, KIND_INFERENCE_TUNING, PLURAL_INFERENCE_TUNING, True
+)
 GPU_NODE: Final = Resource(API_VERSION, KIND_GPU_NODE, PLURAL_GPU_NODE, False)
 NODE: Final = Resource("v1", "Node", "nodes", False)
 DEPLOYMENT: Final = Resource("apps/v1", "Deployment", "deployments", True)
@@ -122,12 +128,21 @@ class Watch:
 
     ``stored``: the watch store keeps its objects and serves the reconciles' reads of the
     kind from them (runtime/cache.py); off for a kind whose CRD may be missing (its store
-    would never fill). ``id``: Kopf's handler id where one resource has several watches."""
+    would never fill). ``id``: Kopf's handler id where one resource has several watches.
+    ``names_by``: the path of a field in which each object names the controller's object
+    (in its own namespace), for a kind that names it in its spec rather than by label
+    (an InferenceTuning's ``spec.targetRef.name``): an event of the object, its deletion
+    included, adds that object's key (:func:`field_keys`). Such a watch has no label."""
 
     resource: Resource
     label: str | None = None
     stored: bool = True
     id: str | None = None
+    names_by: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.names_by is not None and self.label is not None:
+            raise ValueError("a watch maps its objects by a label or by a field, not both")
 
 
 @dataclass(frozen=True)
@@ -215,6 +230,10 @@ INFERENCE_SERVICE_CONTROLLER: Final = Controller(
         Watch(LEADER_WORKER_SET, LABEL_SERVICE, stored=False),
         Watch(JOB, LABEL_WARMUP_FOR, id="warmup-job"),
         Watch(JOB, LABEL_LOCK_TARGET, id="lock-job"),
+        # A measured run names the service it tunes in spec.targetRef.name (it labels
+        # nothing on it): its in-place trial, its winner and its deletion change the
+        # service's arguments (reconcile/measured.py).
+        Watch(INFERENCE_TUNING, names_by=("spec", "targetRef", "name"), id="tuning-target"),
     ),
     permissions=(
         Permission(
@@ -269,6 +288,13 @@ INFERENCE_SERVICE_CONTROLLER: Final = Controller(
             HPA,
             ("get", "list", "watch", "create", "patch", "delete"),
             "Autoscaling: the HPA the operator manages for spec.autoscaling.",
+        ),
+        Permission(
+            INFERENCE_TUNING,
+            ("get", "list", "watch"),
+            "InferenceTunings: a service runs with the measured result it asks for (an "
+            "in-place trial, spec.tuning.measuredRef, spec.autoApply); read only, never "
+            "written by the service's reconcile.",
         ),
     ),
     metric=KIND_INFERENCE_SERVICE,
@@ -454,7 +480,8 @@ OWN_NAMESPACE_PERMISSIONS: Final[
 
 
 def watches() -> Iterator[tuple[Controller, Watch]]:
-    """Every labelled watch, by controller, in table order."""
+    """Every watch (by label, or by a field naming the owner), by controller, in table
+    order."""
     for controller in CONTROLLERS:
         for watch in controller.watches:
             yield controller, watch
@@ -471,15 +498,39 @@ def owner_keys(labels: Mapping[str, str], namespace: str) -> list[tuple[str, str
     ]
 
 
+def field_keys(kind: str, body: Mapping[str, object]) -> list[tuple[str, str, str]]:
+    """The keys an event of an object of ``kind`` adds through the watches that map it by
+    a field (``Watch.names_by``): one for each such watch whose field the object sets."""
+    meta = body.get("metadata")
+    namespace = meta.get("namespace") if isinstance(meta, Mapping) else None
+    if not namespace:
+        return []
+    keys: list[tuple[str, str, str]] = []
+    for controller, watch in watches():
+        if watch.resource.kind != kind or watch.names_by is None:
+            continue
+        value: object = body
+        for part in watch.names_by:
+            value = value.get(part) if isinstance(value, Mapping) else None
+        if isinstance(value, str) and value:
+            keys.append((controller.name, str(namespace), value))
+    return keys
+
+
 def store_kinds() -> dict[str, tuple[str, tuple[str, ...] | None]]:
     """The kinds the watch store keeps: kind → (apiVersion, the labels that put an
     object in a watch, or None: every object of the kind is)."""
     out: dict[str, tuple[str, tuple[str, ...] | None]] = {}
     for _, watch in watches():
-        if not watch.stored or watch.label is None:
+        if not watch.stored:
+            continue
+        if watch.label is None:
+            # Watched whole (a kind mapped by a field): every object is in the store.
+            out[watch.resource.kind] = (watch.resource.api_version, None)
             continue
         api_version, labels = out.get(watch.resource.kind, (watch.resource.api_version, ()))
-        assert labels is not None
+        if labels is None:
+            continue  # every object of the kind is kept already
         if watch.label not in labels:
             labels = (*labels, watch.label)
         out[watch.resource.kind] = (api_version, labels)

@@ -350,6 +350,15 @@ class TuningSpec(ApiModel):
         "is checked against the arguments of the vLLM release deployed: one it does not take "
         "stalls the service (InvalidOverride) and reaches no pod.",
     )
+    measured_ref: LocalObjectReference | None = Field(
+        default=None,
+        description="An InferenceTuning in this namespace whose measured winner to run: its "
+        "winning flags are laid over spec.tuning.overrides (this spec is never changed; "
+        "status.measuredFrom says what is applied, or why not). A winner that is stale or "
+        "not distinguishable from the incumbent is not applied. Unset: the most recent "
+        "finished tuning of this service with spec.autoApply true, if any. An in-place "
+        "trial running on this service comes before either.",
+    )
 
     model_config = cel_rules(
         {
@@ -921,7 +930,7 @@ class InferenceServiceSpec(ApiModel):
 
 # --- status ------------------------------------------------------------------------------
 
-ArgumentSource = Literal["Tuner", "Override", "Spec", "Default"]
+ArgumentSource = Literal["Tuner", "Override", "Measured", "Spec", "Default"]
 
 
 class EffectiveArgument(ApiModel):
@@ -929,7 +938,10 @@ class EffectiveArgument(ApiModel):
 
     name: str = Field(description="Argument name without dashes, or the variable's name.")
     value: str = Field(description="Value passed ('true' for a bare flag).")
-    source: ArgumentSource = Field(description="Who decided it: Tuner, Override, Spec, Default.")
+    source: ArgumentSource = Field(
+        description="Who decided it: Tuner, Override (spec.tuning.overrides), Measured (an "
+        "InferenceTuning's result, status.measuredFrom), Spec, Default."
+    )
     reason: str = Field(description="Why this value.")
 
 
@@ -1098,6 +1110,39 @@ class RolloutStatus(ApiModel):
     message: str = Field(max_length=1024, description="Why this strategy.")
 
 
+MeasuredReason = Literal[
+    "InPlaceTrial",
+    "WinnerApplied",
+    "TuningNotFound",
+    "OtherTarget",
+    "TuningNotFinished",
+    "TuningFailed",
+    "NoWinner",
+    "Stale",
+    "NotDistinguishable",
+    "InvalidOverride",
+]
+
+
+class MeasuredFrom(ApiModel):
+    """The measured result (an InferenceTuning) the arguments come from, or the one that
+    was asked for and why it is not applied."""
+
+    name: str = Field(description="The InferenceTuning.")
+    trial: str | None = Field(
+        default=None,
+        description="Its trial whose flags are applied (the winner, or the "
+        "in-place trial running now).",
+    )
+    applied: bool = Field(description="Whether its flags are in the rendered arguments.")
+    reason: MeasuredReason = Field(
+        description="InPlaceTrial or WinnerApplied when applied; else TuningNotFound, "
+        "OtherTarget, TuningNotFinished, TuningFailed, NoWinner, Stale, NotDistinguishable "
+        "or InvalidOverride."
+    )
+    message: str = Field(max_length=1024, description="The same, in words.")
+
+
 class InferenceServiceStatus(ApiModel):
     """Observed state of an InferenceService, computed by the operator."""
 
@@ -1106,7 +1151,8 @@ class InferenceServiceStatus(ApiModel):
     )
     conditions: list[Condition] = Field(
         default_factory=list,
-        description="Ready, Reconciling, Stalled, WarmedUp, ScaleDownBlocked, AdaptersLoaded.",
+        description="Ready, Reconciling, Stalled, WarmedUp, ScaleDownBlocked, AdaptersLoaded, "
+        "Tuned.",
     )
     replicas: int | None = Field(default=None, description="Pods that exist (scale subresource).")
     desired_replicas: int | None = Field(default=None, description="Replicas asked for.")
@@ -1133,6 +1179,11 @@ class InferenceServiceStatus(ApiModel):
     )
     adapters: list[AdapterStatus] | None = Field(
         default=None, description="The LoRA adapters of spec.adapters, and where they are loaded."
+    )
+    measured_from: MeasuredFrom | None = Field(
+        default=None,
+        description="The InferenceTuning whose measured flags the arguments carry, or why "
+        "the one asked for is not applied; unset when none is asked for.",
     )
 
 

@@ -55,6 +55,13 @@ from vllm_operator.reconcile.groups import (
 )
 from vllm_operator.reconcile.last_benchmark import latest_benchmark, list_benchmarks
 from vllm_operator.reconcile.lock import list_lock_jobs, lock_holder
+from vllm_operator.reconcile.measured import (
+    MeasuredChoice,
+    credit_measured,
+    list_tunings,
+    measured_overrides,
+    with_measured,
+)
 from vllm_operator.reconcile.placement import (
     PlanOutcome,
     allocatable_gpus,
@@ -174,6 +181,9 @@ class Snapshot:
     # The EndpointSlices carrying the service's label (its Service's, and anyone's so
     # labelled: status.ready_endpoints counts only the Service's).
     endpoint_slices: list[Manifest] = field(default_factory=list)
+    # The namespace's InferenceTunings (reconcile/measured.py picks the measured result
+    # the service runs with); none read for a trial child.
+    tunings: list[Manifest] = field(default_factory=list)
 
     @property
     def live_deployment(self) -> Manifest | None:
@@ -209,12 +219,13 @@ async def gather(api: ClusterAPI, isvc: InferenceService, view: NodeView | None)
         ),
         asyncio.gather(*(api.get(_CHILD_API[kind], kind, names[kind], ns) for kind in CHILD_KINDS)),
     )
-    lock_jobs, warmup_jobs, pods, benchmarks, slices = await asyncio.gather(
+    lock_jobs, warmup_jobs, pods, benchmarks, slices, tunings = await asyncio.gather(
         list_lock_jobs(api, isvc),
         list_warmup_jobs(api, isvc) if isvc.spec.warmup.enabled else _empty(),
         api.list("v1", "Pod", ns, label_selector=selector_string(isvc)),
         list_benchmarks(api, isvc),
         api.list("discovery.k8s.io/v1", "EndpointSlice", ns, label_selector=selector_string(isvc)),
+        list_tunings(api, isvc),
     )
     found = {kind: obj for kind, obj in zip(CHILD_KINDS, children, strict=True) if obj}
     # Children of the service's names that it does not control: someone else's.
@@ -236,6 +247,7 @@ async def gather(api: ClusterAPI, isvc: InferenceService, view: NodeView | None)
         warmup_reports=reports,
         foreign=foreign,
         endpoint_slices=slices,
+        tunings=tunings,
     )
 
 
@@ -400,6 +412,9 @@ class Decision:
     live_deployment: Manifest | None = None
     # The kind of the workload: Deployment, or LeaderWorkerSet for a multi-node plan.
     workload: str = "Deployment"
+    # The measured result the arguments come from, or the one asked for and why it is
+    # not applied (reconcile/measured.py); None when none is asked for.
+    measured: MeasuredChoice | None = None
 
 
 def decide(
@@ -481,21 +496,29 @@ def decide(
         last_benchmark=latest_benchmark(isvc, snap.benchmarks),
         live_deployment=as_rollout(live_groups) if multi else snap.live_deployment,
         workload=LWS_KIND if multi else DEPLOYMENT,
+        measured=measured_overrides(isvc, snap.tunings),
     )
 
 
 def plan(
     isvc: InferenceService, snap: Snapshot, settings: OperatorSettings, cache: CacheUse
 ) -> PlanOutcome:
-    """The tuning in force for ``isvc`` on the snapshot's nodes."""
-    return plan_inference_service(
-        isvc,
+    """The tuning in force for ``isvc`` on the snapshot's nodes: with a measured result
+    applied (reconcile/measured.py), planned with its flags laid over
+    spec.tuning.overrides, and those arguments credited to it."""
+    measured = measured_overrides(isvc, snap.tunings)
+    planned = plan_inference_service(
+        with_measured(isvc, measured),
         snap.view.nodes,
         snap.view.gpu_nodes,
         default_image=settings.default_image,
         config=cache.config,
         model_name=cache.model_name,
     )
+    if measured is None or not measured.applied:
+        return planned
+    credited = credit_measured(planned.tuning, measured, isvc.spec.tuning.overrides)
+    return replace(planned, tuning=credited)
 
 
 def _deployment_at(decision: Decision) -> int | None:
@@ -720,16 +743,22 @@ async def _invalid(api: ClusterAPI, body: Manifest, err: ValidationError, now: d
     await _write_stalled(api, body, "InvalidSpec", message, now, observed=True)
 
 
+# Condition reasons of status False that are news, not warnings: a tuning still running,
+# and a winner no better than the arguments in force.
+_NOT_WARNINGS: Final = ("TuningNotFinished", "NotDistinguishable")
+
+
 async def _events(
     api: ClusterAPI,
     body: Manifest,
     old: InferenceServiceStatus | None,
     new: InferenceServiceStatus,
 ) -> None:
-    """Events on transitions only: Ready changing, a new reason to be Stalled, or a new
-    reason an adapter did not load."""
+    """Events on transitions only: Ready changing, a new reason to be Stalled, a new
+    reason an adapter did not load, or a measured result applied, dropped or refused
+    (Tuned; a tuning still running, or a winner not distinguishable, is no warning)."""
     before = old.conditions if old else []
-    for type_ in ("Ready", "Stalled", "AdaptersLoaded"):
+    for type_ in ("Ready", "Stalled", "AdaptersLoaded", "Tuned"):
         was, now = find(before, type_), find(new.conditions, type_)
         if now is None or (
             was is not None and (was.status, was.reason) == (now.status, now.reason)
@@ -745,7 +774,8 @@ async def _events(
             body,
             reason=now.reason,
             message=now.message,
-            warning=type_ == "Stalled" or now.status != "True",
+            warning=type_ == "Stalled"
+            or (now.status != "True" and now.reason not in _NOT_WARNINGS),
         )
 
 
@@ -869,6 +899,7 @@ async def _reconcile(
         waiting=cache.waiting,
         workload=decision.workload,
         endpoints=ready_endpoints(snap.endpoint_slices, service_name(isvc)),
+        measured=decision.measured,
     )
     status = compute_status(isvc, observed, now=now)
     old = _stored_status(body)

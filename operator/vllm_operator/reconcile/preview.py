@@ -16,13 +16,15 @@ What a first apply cannot know is assumed, and said in :attr:`Preview.assumed`:
   reconcile writes then); without it, nothing could be rendered before it is Ready;
 - Auto rollout: the first pods, nothing to replace (no live Deployment or pods read);
 - Secrets and claims the spec names exist (the operator reports them in status; nothing
-  here reads them, and none of them changes what is rendered).
+  here reads them, and none of them changes what is rendered);
+- the InferenceTunings given are the namespace's (none given: none exist): the measured
+  result they make the service take (reconcile/measured.py) is rendered, and said.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Final
@@ -109,8 +111,9 @@ def _alike(
     return NodeView(nodes, gpu_nodes)
 
 
-def _first_pass(view: NodeView) -> Snapshot:
-    """What the gather of a first pass reads: the nodes, and nothing of the service's yet."""
+def _first_pass(view: NodeView, tunings: Sequence[Manifest] = ()) -> Snapshot:
+    """What the gather of a first pass reads: the nodes, the namespace's InferenceTunings,
+    and nothing of the service's yet."""
     return Snapshot(
         view=view,
         token_secret=None,
@@ -120,6 +123,7 @@ def _first_pass(view: NodeView) -> Snapshot:
         warmup_jobs=[],
         pods=[],
         benchmarks=[],
+        tunings=list(tunings),
     )
 
 
@@ -129,13 +133,15 @@ def first_apply(
     *,
     gpu_node: Manifest | None = None,
     cache: Manifest | None = None,
+    tunings: Sequence[Manifest] = (),
     settings: OperatorSettings,
     now: datetime,
 ) -> Preview:
     """The first pass over ``isvc`` on a cluster of nodes like ``node`` (``gpu_node``: its
     GPUNode, whose status the tuner prefers to the node's labels). ``cache``: the
-    ModelCache the service names, as :func:`assume_downloaded` makes it. A service without
-    a uid is rendered with :data:`PLACEHOLDER_UID`."""
+    ModelCache the service names, as :func:`assume_downloaded` makes it. ``tunings``: the
+    namespace's InferenceTunings, as served (their measured result is applied as the
+    reconcile would). A service without a uid is rendered with :data:`PLACEHOLDER_UID`."""
     assumed: list[str] = []
     if not isvc.metadata.uid:
         isvc = isvc.model_copy(
@@ -151,7 +157,7 @@ def first_apply(
     use = use_cache(isvc, cache)
     selector = isvc.spec.pod_template.node_selector
     served = use.service
-    snap = _first_pass(_alike(node, gpu_node, 1, selector))
+    snap = _first_pass(_alike(node, gpu_node, 1, selector), tunings)
     planned = plan(served, snap, settings, use)
     size = 1
     if planned.does_not_fit is None and is_multi_node(planned.tuning):
@@ -159,7 +165,8 @@ def first_apply(
         # the reconcile does); planned again on them, as a cluster with them would be.
         size = group_size(planned.tuning)
         snap = replace(
-            _first_pass(_alike(node, gpu_node, size, selector)), groups=GroupView(installed=True)
+            _first_pass(_alike(node, gpu_node, size, selector), tunings),
+            groups=GroupView(installed=True),
         )
         planned = plan(served, snap, settings, use)
         assumed.append(
@@ -183,6 +190,8 @@ def first_apply(
             + ")"
         )
     decision = decide(served, snap, settings, now, use, planned)
+    if decision.measured is not None:
+        assumed.append(f"measured: {decision.measured.message}")
     decision, rollout = decide_rollout(served, decision, snap, cluster_pods=None)
     if rollout is not None:
         assumed.append(

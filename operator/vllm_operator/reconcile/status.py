@@ -21,6 +21,7 @@ from vllm_operator.models.inference_service import (
     WarmupStatus,
 )
 from vllm_operator.reconcile.adapters import AdaptersObserved
+from vllm_operator.reconcile.measured import MeasuredChoice
 from vllm_operator.reconcile.pods import PodProblem, pod_problem
 from vllm_operator.reconcile.rollout import RolloutChoice
 from vllm_operator.render.deployment import served_model_name
@@ -64,6 +65,10 @@ class Observed:
     # The ready endpoints the Service's EndpointSlices list (None: not read). Ready waits
     # for one: a Service routes to a ready pod only once its EndpointSlice lists it.
     endpoints: int | None = None
+    # The measured result the arguments come from, or the one asked for and why it is
+    # not applied (reconcile/measured.py): status.measuredFrom and the Tuned condition;
+    # None when none is asked for (neither is shown).
+    measured: MeasuredChoice | None = None
 
 
 # The label the EndpointSlice controller puts on each slice: the Service's name.
@@ -237,6 +242,9 @@ def compute_status(
     if observed.adapters is not None:
         seen = observed.adapters
         conditions.append(cond("AdaptersLoaded", seen.ok, seen.reason, seen.message))
+    measured = observed.measured
+    if measured is not None:
+        conditions.append(cond("Tuned", measured.applied, measured.reason, measured.message))
     deployment_status = (observed.deployment or {}).get("status", {})
     last_benchmark = observed.last_benchmark
     return InferenceServiceStatus(
@@ -258,6 +266,7 @@ def compute_status(
             if observed.rollout is not None
             else None
         ),
+        measured_from=measured.status() if measured is not None else None,
     )
 
 

@@ -31,6 +31,7 @@ from vllm_operator.k8s.controllers import (
     INFERENCE_SERVICE_CONTROLLER,
     MODEL_CACHE_CONTROLLER,
     REPEATS_UNTIL_STALLED,
+    field_keys,
     owner_keys,
 )
 from vllm_operator.metrics import RECONCILE_SECONDS, RECONCILES
@@ -458,13 +459,16 @@ class Runtime:
         """An event of an object that names its InferenceService by label (the children,
         their pods, warmup Jobs, lock Jobs) or its InferenceBenchmark (load Jobs: the
         lock they are changes what their target may do, so the target is reconciled
-        too)."""
-        self.store.on_event(kind or str(body.get("kind")), event, body)
+        too), or that names its InferenceService in a field (an InferenceTuning's
+        spec.targetRef.name: its in-place trial, winner or deletion changes the
+        service's arguments)."""
+        kind = kind or str(body.get("kind"))
+        self.store.on_event(kind, event, body)
         meta = body.get("metadata") or {}
         namespace, labels = meta.get("namespace"), meta.get("labels") or {}
         if not namespace:
             return
-        for key in owner_keys(labels, namespace):
+        for key in [*owner_keys(labels, namespace), *field_keys(kind, body)]:
             self.queue.add(key)
 
     def on_inference_benchmark(
