@@ -21,7 +21,9 @@ alone a uniform one, p50 alone a fixed length.
 ``--measurements FILE`` reads what measured tuning runs measured (a list of records, or
 the ``vllm-operator-measurements`` ConfigMap as ``kubectl get -o yaml`` prints it): the
 records of the planned model on the same GPU product, GPUs per replica and vLLM version
-are shown beside the plan, each with its goodput, the prediction and the error.
+are shown beside the plan, each with its goodput, the prediction and the error; a record of
+the plan's own arguments, SLO and workload is used for the SLO answer, as the operator uses
+the records it keeps (docs/measurements.md).
 
 Nothing is downloaded and nothing is written; the command is pure computation over its
 inputs. Exit status: 0 a plan fits, 1 nothing fits (or the model's shape is unknown),
@@ -70,6 +72,7 @@ from vllm_operator.releases.version import (
 )
 from vllm_operator.tuning import catalog
 from vllm_operator.tuning.architecture import ArchitectureError, from_config, missing_keys
+from vllm_operator.tuning.learned import plan_learning
 from vllm_operator.tuning.measurements import (
     Comparison,
     Measurements,
@@ -168,7 +171,8 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--measurements",
         metavar="FILE",
         help="measured records (YAML or JSON list, or the vllm-operator-measurements "
-        "ConfigMap): those of the planned shape are shown beside the plan",
+        "ConfigMap): those of the planned shape are shown beside the plan, and one of "
+        "its arguments, SLO and workload is used for its SLO answer",
     )
     t.add_argument("--cpu-pinning", action="store_true", help="exclusive cores")
     t.add_argument("--shm-size", help="/dev/shm size (default: planned)")
@@ -292,8 +296,11 @@ def _model_spec(args: argparse.Namespace, base: ModelSpec | None) -> tuple[Model
     return base.model_copy(update=updates), name or base.name or "model"
 
 
-def tune(args: argparse.Namespace) -> tuple[TuningResult, ModelInput | None]:
-    """Run the planner on parsed arguments (no printing)."""
+def tune(
+    args: argparse.Namespace, measurements: Measurements | None = None
+) -> tuple[TuningResult, ModelInput | None]:
+    """Run the planner on parsed arguments (no printing); ``measurements``: the records
+    ``--measurements`` read, used as the operator uses its own (tuning/learned.py)."""
     service = read_service(args.service) if args.service else None
     spec = service.spec if service else None
     model_spec, name = _model_spec(args, spec.model if spec else None)
@@ -371,18 +378,23 @@ def tune(args: argparse.Namespace) -> tuple[TuningResult, ModelInput | None]:
         )
         return for_release(result, release, deployed, version_note), None
     replicas = args.replicas if args.replicas != 1 or spec is None else spec.replicas
-    planned = plan(
-        model,
-        profile,
-        workload=workload,
-        slo=slo,
-        tuning=tuning,
-        node=node,
-        dtype=model_spec.dtype,
-        gpu_count=count,
-        replicas=replicas,
-        vllm_version=deployed.version,
-        across_nodes=True,
+    planned = plan_learning(
+        lambda measured: plan(
+            model,
+            profile,
+            workload=workload,
+            slo=slo,
+            tuning=tuning,
+            node=node,
+            dtype=model_spec.dtype,
+            gpu_count=count,
+            replicas=replicas,
+            vllm_version=deployed.version,
+            across_nodes=True,
+            measured=measured,
+        ),
+        measurements,
+        version=str(deployed.version),
     )
     return for_release(planned, release, deployed, version_note), model
 
@@ -656,7 +668,7 @@ def run_from_args(args: argparse.Namespace, out: TextIO | None = None) -> int:
     path: str | None = getattr(args, "measurements", None)
     try:
         measurements = _read_measurements(path) if path else None
-        result, model = tune(args)
+        result, model = tune(args, measurements)
     except (InputError, ValidationError) as exc:
         print(f"vllm-operator tune: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -64,10 +64,12 @@ class Calls:
         view: Any = None,
         applied: Any = None,
         http: Any = None,
+        measurements: Any = None,
     ) -> Outcome:
         self.made.append(("service", body["metadata"]["name"]))
         self.api = api
         self.http = http
+        self.measurements = measurements
         if self.fail:
             raise self.fail
         return Outcome(ready=True, stalled=False)

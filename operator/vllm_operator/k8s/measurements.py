@@ -2,6 +2,9 @@
 own namespace, one measured record per data key (tuning/measurements.py says what a
 record holds and how its key is made).
 
+:func:`read_for_plans` is what the InferenceService plans read (through the runtime's
+short-lived cache, runtime/measurements.py): never an error, whatever the store holds.
+
 :func:`record_measurements` is what a measured tuning run calls when it ends. It merges:
 a JSON merge patch of ``data`` with the new records' keys only, so every other key stays
 whoever wrote it (a patch, never a replace, and never a server-side apply of ``data``: an
@@ -14,12 +17,40 @@ create it.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 from vllm_operator.constants import LABEL_MANAGED_BY, MANAGED_BY, MEASUREMENTS_CONFIG_MAP
-from vllm_operator.k8s.api import ClusterAPI
+from vllm_operator.k8s.api import ApiError, ClusterAPI
 from vllm_operator.tuning.measurements import Measurement, Measurements, MeasurementsError
 
-__all__ = ["read_measurements", "record_measurements"]
+__all__ = ["StoredMeasurements", "read_for_plans", "read_measurements", "record_measurements"]
+
+
+@dataclass(frozen=True)
+class StoredMeasurements:
+    """The store as the plans read it: the records that parse, and one line for each
+    that does not (naming its key) or for a store that could not be read at all."""
+
+    measurements: Measurements = field(default_factory=Measurements)
+    unread: tuple[str, ...] = ()
+
+
+async def read_for_plans(api: ClusterAPI, namespace: str) -> StoredMeasurements:
+    """The records for the InferenceServices' plans, never an error: a missing ConfigMap
+    is no record, one the API does not give (forbidden, unreachable, a transient error
+    included: the plan goes on without it) and a record that does not parse are lines
+    to note, the other records are read."""
+    where = f"ConfigMap {namespace}/{MEASUREMENTS_CONFIG_MAP}"
+    try:
+        found = await api.get("v1", "ConfigMap", MEASUREMENTS_CONFIG_MAP, namespace)
+    except ApiError as err:
+        return StoredMeasurements(
+            unread=(f"{where} could not be read ({str(err)[:200]}); planned without it",)
+        )
+    if found is None:
+        return StoredMeasurements()
+    measurements, skipped = Measurements.readable(found)
+    return StoredMeasurements(measurements, tuple(f"{where}: {line}; skipped" for line in skipped))
 
 
 async def read_measurements(api: ClusterAPI, namespace: str) -> Measurements:

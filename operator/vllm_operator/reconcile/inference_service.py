@@ -21,7 +21,7 @@ import asyncio
 import hashlib
 import json
 import logging
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -34,6 +34,7 @@ from vllm_operator.constants import (
     KIND_GPU_NODE,
 )
 from vllm_operator.k8s.api import ApiError, ClusterAPI, apply_status
+from vllm_operator.k8s.measurements import StoredMeasurements
 from vllm_operator.models import InferenceService, InferenceServiceStatus
 from vllm_operator.models.base import Manifest
 from vllm_operator.models.conditions import condition, find
@@ -126,6 +127,9 @@ async def list_nodes(api: ClusterAPI) -> NodeView:
     return NodeView(await api.list("v1", "Node"), await api.list(API_VERSION, KIND_GPU_NODE))
 
 
+# Reads the measurements store (the runtime's: one shared read a minute at most).
+MeasurementsRead = Callable[[], Awaitable[StoredMeasurements]]
+
 # The children named after the service.
 ChildKey = tuple[str, str, str]  # (kind, namespace, name)
 # Of each child: the digest of what this operator last applied, and of the child as that
@@ -184,6 +188,9 @@ class Snapshot:
     # The namespace's InferenceTunings (reconcile/measured.py picks the measured result
     # the service runs with); none read for a trial child.
     tunings: list[Manifest] = field(default_factory=list)
+    # The measurements measured tuning runs kept (k8s/measurements.py), which the plan
+    # learns from (tuning/learned.py); None when the caller gave no way to read them.
+    measurements: StoredMeasurements | None = None
 
     @property
     def live_deployment(self) -> Manifest | None:
@@ -196,10 +203,17 @@ async def _get(
     return await api.get(api_version, kind, name, ns) if name is not None else None
 
 
-async def gather(api: ClusterAPI, isvc: InferenceService, view: NodeView | None) -> Snapshot:
+async def gather(
+    api: ClusterAPI,
+    isvc: InferenceService,
+    view: NodeView | None,
+    measurements: MeasurementsRead | None = None,
+) -> Snapshot:
     """Every read of a pass. The independent reads go out together (objects, then
     lists); the reports of finished warmups, which depend on them, follow. The runtime
-    passes an ``api`` that serves most of these from its watches (runtime/cache.py)."""
+    passes an ``api`` that serves most of these from its watches (runtime/cache.py), and
+    ``measurements``, its shared read of the measurements store that goes out once a
+    minute at most (runtime/measurements.py)."""
     ns = isvc.metadata.namespace
     source = isvc.spec.model.source
     ref = hf_token_ref(isvc)
@@ -219,13 +233,18 @@ async def gather(api: ClusterAPI, isvc: InferenceService, view: NodeView | None)
         ),
         asyncio.gather(*(api.get(_CHILD_API[kind], kind, names[kind], ns) for kind in CHILD_KINDS)),
     )
-    lock_jobs, warmup_jobs, pods, benchmarks, slices, tunings = await asyncio.gather(
-        list_lock_jobs(api, isvc),
-        list_warmup_jobs(api, isvc) if isvc.spec.warmup.enabled else _empty(),
-        api.list("v1", "Pod", ns, label_selector=selector_string(isvc)),
-        list_benchmarks(api, isvc),
-        api.list("discovery.k8s.io/v1", "EndpointSlice", ns, label_selector=selector_string(isvc)),
-        list_tunings(api, isvc),
+    (lock_jobs, warmup_jobs, pods, benchmarks, slices, tunings), stored = await asyncio.gather(
+        asyncio.gather(
+            list_lock_jobs(api, isvc),
+            list_warmup_jobs(api, isvc) if isvc.spec.warmup.enabled else _empty(),
+            api.list("v1", "Pod", ns, label_selector=selector_string(isvc)),
+            list_benchmarks(api, isvc),
+            api.list(
+                "discovery.k8s.io/v1", "EndpointSlice", ns, label_selector=selector_string(isvc)
+            ),
+            list_tunings(api, isvc),
+        ),
+        _measurements(measurements),
     )
     found = {kind: obj for kind, obj in zip(CHILD_KINDS, children, strict=True) if obj}
     # Children of the service's names that it does not control: someone else's.
@@ -248,7 +267,12 @@ async def gather(api: ClusterAPI, isvc: InferenceService, view: NodeView | None)
         foreign=foreign,
         endpoint_slices=slices,
         tunings=tunings,
+        measurements=stored,
     )
+
+
+async def _measurements(read: MeasurementsRead | None) -> StoredMeasurements | None:
+    return await read() if read is not None else None
 
 
 async def _read_hpa(api: ClusterAPI, isvc: InferenceService) -> Manifest | None:
@@ -507,6 +531,7 @@ def plan(
     applied (reconcile/measured.py), planned with its flags laid over
     spec.tuning.overrides, and those arguments credited to it."""
     measured = measured_overrides(isvc, snap.tunings)
+    stored = snap.measurements
     planned = plan_inference_service(
         with_measured(isvc, measured),
         snap.view.nodes,
@@ -514,6 +539,8 @@ def plan(
         default_image=settings.default_image,
         config=cache.config,
         model_name=cache.model_name,
+        measurements=stored.measurements if stored is not None else None,
+        unread=stored.unread if stored is not None else (),
     )
     if measured is None or not measured.applied:
         return planned
@@ -788,13 +815,15 @@ async def reconcile_inference_service(
     view: NodeView | None = None,
     applied: AppliedMemo | None = None,
     http: PodClient | None = None,
+    measurements: MeasurementsRead | None = None,
 ) -> Outcome:
     """Bring one InferenceService's children and status to what its spec asks for.
 
     ``view``: the runtime's Nodes and GPUNodes (listed afresh when not given);
     ``applied``: the runtime's memo of what it applied (every child is applied when not
     given); ``http``: the client that reaches the vLLM servers, to load their LoRA
-    adapters (none: the adapters are counted as not loaded)."""
+    adapters (none: the adapters are counted as not loaded); ``measurements``: reads the
+    measurements store the plan learns from (none: planned from the roofline alone)."""
     now = (now or datetime.now(UTC)).replace(microsecond=0)
     try:
         isvc = InferenceService.model_validate(body)
@@ -803,7 +832,15 @@ async def reconcile_inference_service(
         return Outcome(ready=False, stalled=True)
     try:
         return await _reconcile(
-            api, body, isvc, settings=settings, now=now, view=view, applied=applied, http=http
+            api,
+            body,
+            isvc,
+            settings=settings,
+            now=now,
+            view=view,
+            applied=applied,
+            http=http,
+            measurements=measurements,
         )
     except ApiError:
         raise  # the runtime retries the transient ones with back-off
@@ -852,13 +889,14 @@ async def _reconcile(
     view: NodeView | None,
     applied: AppliedMemo | None,
     http: PodClient | None = None,
+    measurements: MeasurementsRead | None = None,
 ) -> Outcome:
     ns = isvc.metadata.namespace
     # With a ModelCache, everything below sees the service as served: from the cache's
     # claim (the status is still the service's own).
     cache = use_cache(isvc, await read_cache(api, isvc))
     served = cache.service
-    snap = await gather(api, served, view)
+    snap = await gather(api, served, view, measurements)
     # The plan says whether the service runs as a LeaderWorkerSet; only then is that
     # kind read (the one read that depends on a decision).
     planned = plan(served, snap, settings, cache)

@@ -12,7 +12,7 @@ model's shape is unknown.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Generic, TypeVar
 
@@ -37,6 +37,7 @@ from vllm_operator.tuning import (
     plan_service,
     spec_only,
 )
+from vllm_operator.tuning.measurements import Measurements
 
 
 @dataclass(frozen=True)
@@ -190,11 +191,14 @@ def plan_inference_service(
     default_image: str = DEFAULT_SERVING_IMAGE,
     config: Mapping[str, Any] | None = None,
     model_name: str | None = None,
+    measurements: Measurements | None = None,
+    unread: Sequence[str] = (),
 ) -> PlanOutcome:
     """The tuning in force for ``isvc`` on this cluster's nodes. ``config``: the model's
     config.json where the operator has it (a ModelCache's download read it);
     ``model_name``: the repository it came from, for the catalog (else the service's
-    name)."""
+    name); ``measurements``: the kept records the plan learns from, ``unread`` what of
+    them could not be read (tuning/learned.py)."""
     profiles = gpu_profiles(candidate_nodes(isvc, nodes), gpu_nodes)
     result = plan_service(
         _planning_spec(isvc),
@@ -202,6 +206,8 @@ def plan_inference_service(
         config=config,
         name=model_name or isvc.metadata.name,
         version=deployed_version_of(isvc, default_image=default_image),
+        measurements=measurements,
+        unread=unread,
     )
     if isinstance(result, Plan):
         return PlanOutcome(result.effective_tuning())

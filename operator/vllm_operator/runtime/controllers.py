@@ -70,6 +70,7 @@ async def _service(rt: Runtime, key: Key, body: Manifest) -> tuple[float | None,
         view=rt.node_view(),
         applied=rt.applied.setdefault((namespace, name), {}),
         http=rt.http,
+        measurements=lambda: rt.measurements.read(rt.api),
     )
     result = "stalled" if outcome.stalled else "ok"
     # The object in the message itself: the plain log format prints no extras.

@@ -49,6 +49,7 @@ from vllm_operator.reconcile.model_cache import reconcile_model_cache
 from vllm_operator.runtime.cache import WATCHED, ObjectCache, WatchStore
 from vllm_operator.runtime.controllers import BINDINGS, PENDING_BENCHMARK_SECONDS, Binding, Key
 from vllm_operator.runtime.health import stuck
+from vllm_operator.runtime.measurements import MeasurementsCache
 from vllm_operator.runtime.queue import WorkQueue
 from vllm_operator.servers.pods import PodClient
 from vllm_operator.settings import OperatorSettings
@@ -125,6 +126,9 @@ class Runtime:
     store: WatchStore = field(default_factory=WatchStore)
     # (namespace, name) of a service → what its passes last applied of its children.
     applied: dict[tuple[str, str], AppliedMemo] = field(default_factory=dict)
+    # The measurements store's records, read once a minute at most for every service's
+    # plan (runtime/measurements.py).
+    measurements: MeasurementsCache = field(init=False)
     # Monotonic times for liveness: the last read of a key's object or LIST that
     # succeeded, and the last resync that listed every watched namespace (both start as
     # the runtime's creation).
@@ -141,6 +145,7 @@ class Runtime:
 
     def __post_init__(self) -> None:
         self.queue = WorkQueue[Key](max_delay=self.settings.max_retry_seconds)
+        self.measurements = MeasurementsCache(self.settings.own_namespace)
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -111,6 +111,12 @@ class Measurement(ApiModel):
         default_factory=dict,
         description="vLLM's arguments, flag (no dashes) -> value; a switch is true or false.",
     )
+    replicas: int = Field(
+        default=1,
+        ge=1,
+        description="Replicas the goodput was measured over (a trial beside the service: 1; "
+        "in place: the service's).",
+    )
     goodput_per_second: float = Field(
         ge=0, description="Measured goodput: the highest rate whose requests met the SLO."
     )
@@ -175,6 +181,9 @@ def record_key(record: Measurement) -> str:
         "slo": record.slo.to_wire(),
         "workload": record.workload.to_wire(),
     }
+    if record.replicas != 1:
+        # Only when not one: the keys of records made before the field stay as they were.
+        identity["replicas"] = record.replicas
     text = json.dumps(identity, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -316,6 +325,22 @@ class Measurements:
                 raise MeasurementsError(f"{where}: not YAML or JSON: {exc}") from None
             records.append(_record(raw, index, str(key)))
         return cls.of(records)
+
+    @classmethod
+    def readable(cls, config_map: Mapping[str, Any]) -> tuple[Measurements, list[str]]:
+        """The ConfigMap's records that parse, and one line per key that does not (its
+        key and why): for planning, where a broken record is skipped, never fatal."""
+        data = config_map.get("data") or {}
+        if not isinstance(data, Mapping):
+            return cls(), ["data: expected a mapping of keys to records"]
+        records: list[Measurement] = []
+        skipped: list[str] = []
+        for index, (key, text) in enumerate(data.items()):
+            try:
+                records += cls.from_config_map({"data": {key: text}}).records.values()
+            except MeasurementsError as exc:
+                skipped.append(str(exc).replace("record 0 ", f"record {index} ", 1))
+        return cls.of(records), skipped
 
     def data(self) -> dict[str, str]:
         """The ConfigMap's ``data``: each record as compact JSON under its key."""

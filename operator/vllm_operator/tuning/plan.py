@@ -64,6 +64,7 @@ from vllm_operator.tuning.args import Setting, apply_overrides, read_overrides
 from vllm_operator.tuning.candidate import Candidate, GpuChoices, decode_estimate, gpu_choices
 from vllm_operator.tuning.choose import Choice, choose_tp, fixed_size
 from vllm_operator.tuning.gpus import GPUProfile, match_product
+from vllm_operator.tuning.learned import plan_learning
 from vllm_operator.tuning.lora import (
     DeclaredAdapter,
     LoRAAsk,
@@ -72,6 +73,7 @@ from vllm_operator.tuning.lora import (
     plan_lora,
     runtime_updating_env,
 )
+from vllm_operator.tuning.measurements import Measurements
 from vllm_operator.tuning.memory import GIB, KVCacheCapacity
 from vllm_operator.tuning.multinode import MIN_NNODES_VERSION, choose_across_nodes
 from vllm_operator.tuning.network import Network, nccl_environment
@@ -92,7 +94,7 @@ from vllm_operator.tuning.results import (
     SpecOnly,
     TuningResult,
 )
-from vllm_operator.tuning.slo import Measured
+from vllm_operator.tuning.slo import Measured, PlanInputs
 from vllm_operator.tuning.units import gib
 from vllm_operator.tuning.verdicts import fit_options
 from vllm_operator.tuning.workload import length_stats
@@ -113,17 +115,6 @@ def _environment(g: GpuChoices, c: Candidate) -> list[Setting]:
             "vllm-project/vllm#5484); NCCL goes through host memory instead",
         )
     ]
-
-
-@dataclasses.dataclass(frozen=True)
-class PlanInputs:
-    """What a plan was made from, kept on it (``Plan.inputs``) so that variants of it can
-    be predicted (tuning/trials.py): the ask (for the replicas planned), its context, and
-    the measured figure it used."""
-
-    ask: Ask
-    context: Context
-    measured: Measured | None = None
 
 
 def _plan(
@@ -803,9 +794,15 @@ def plan_service(
     config: Mapping[str, Any] | None = None,
     name: str | None = None,
     version: DeployedVersion | None = None,
+    measurements: Measurements | None = None,
+    unread: Sequence[str] = (),
 ) -> TuningResult:
     """Plan an InferenceService over the candidate nodes' GPU profiles, for the vLLM
     release it deploys.
+
+    ``measurements``: what measured tuning runs kept; the records of each GPU set's
+    shape are used and noted as tuning/learned.py says (``unread``: lines saying what
+    could not be read, noted on the plan).
 
     ``gpus``: one profile per candidate node (from GPUNode status, else node labels).
     ``config``: the model's config.json when the caller could read it. ``name``: the
@@ -821,7 +818,15 @@ def plan_service(
         return refused
     assert release is not None
     note = arguments_for(deployed.version).note
-    planned = _plan_service(spec, gpus, config=config, name=name, version=deployed.version)
+    planned = _plan_service(
+        spec,
+        gpus,
+        config=config,
+        name=name,
+        version=deployed.version,
+        measurements=measurements,
+        unread=unread,
+    )
     return for_release(planned, release, deployed, note)
 
 
@@ -832,6 +837,8 @@ def _plan_service(
     config: Mapping[str, Any] | None,
     name: str | None,
     version: Version = TESTED_VERSION,
+    measurements: Measurements | None = None,
+    unread: Sequence[str] = (),
 ) -> TuningResult:
     model = resolve_model(spec.model, config=config, fallback_name=name)
     if model is None:
@@ -861,6 +868,8 @@ def _plan_service(
             g,
             version,
             gpus_available=sum(p.count for p in candidates if _shape(p) == _shape(g)),
+            measurements=measurements,
+            unread=unread,
         )
         for g in _unique(candidates)
     ]
@@ -882,6 +891,8 @@ def _plan_service(
                 version,
                 across_nodes=True,
                 nodes_seen=sum(1 for p in candidates if _shape(p) == _shape(g)),
+                measurements=measurements,
+                unread=unread,
             ),
             Plan,
         )
@@ -901,9 +912,40 @@ def _plan_on(
     across_nodes: bool = False,
     nodes_seen: int | None = None,
     gpus_available: int | None = None,
+    measurements: Measurements | None = None,
+    unread: Sequence[str] = (),
 ) -> Plan | DoesNotFit:
-    """:func:`plan` of the service's model on one GPU set, as its spec asks;
-    ``gpus_available``: the cluster's GPUs of this shape (nodes x GPUs)."""
+    """:func:`plan` of the service's model on one GPU set, as its spec asks, learned from
+    the measurements of its shape (tuning/learned.py); ``gpus_available``: the cluster's
+    GPUs of this shape (nodes x GPUs)."""
+    return plan_learning(
+        lambda measured: _plan_one(
+            spec,
+            model,
+            gpu,
+            version,
+            across_nodes=across_nodes,
+            nodes_seen=nodes_seen,
+            gpus_available=gpus_available,
+            measured=measured,
+        ),
+        measurements,
+        version=str(version),
+        unread=unread,
+    )
+
+
+def _plan_one(
+    spec: InferenceServiceSpec,
+    model: ModelInput,
+    gpu: GPUProfile,
+    version: Version,
+    *,
+    across_nodes: bool,
+    nodes_seen: int | None,
+    gpus_available: int | None,
+    measured: Measured | None,
+) -> Plan | DoesNotFit:
     return plan(
         model,
         gpu,
@@ -920,6 +962,7 @@ def _plan_on(
         across_nodes=across_nodes,
         nodes_seen=nodes_seen,
         gpus_available=gpus_available,
+        measured=measured,
     )
 
 

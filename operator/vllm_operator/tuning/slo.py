@@ -37,7 +37,10 @@ the chunk ``--max-num-batched-tokens`` leaves them).
 ``MEASURED_EFFICIENCY`` (0.95) where a GPUNode reported one, else the datasheet bandwidth x
 ``SPEC_EFFICIENCY`` (0.85); prefill GEMMs at ``PREFILL_EFFICIENCY`` (0.5) of the datasheet's
 dense tensor FLOP/s. A measured decode rate of this model on this shape (:class:`Measured`)
-replaces the fraction: the share of the bandwidth it implies is used instead. Eager mode
+replaces the fraction: the share of the bandwidth it implies is used instead; a measured
+goodput with the requests one replica held within the targets decides, for shapes of the
+GPUs per replica it was measured on, whether the targets are met at the peak
+(:func:`measured_misses`; tuning/learned.py derives both from the kept records). Eager mode
 pays :data:`~vllm_operator.tuning.performance.EAGER_LAUNCH_SECONDS_PER_LAYER` per layer on
 steps CUDA graphs would cover (an assumption, stated there).
 
@@ -74,10 +77,13 @@ __all__ = [
     "MAX_SEARCH_GPUS",
     "Answered",
     "Measured",
+    "PlanInputs",
     "Prediction",
     "Targets",
     "answer",
     "goodput",
+    "measured_holds",
+    "measured_misses",
     "predict",
     "replica_model",
     "shaped",
@@ -124,12 +130,31 @@ def cite(metric: str, target: int) -> str:
 class Measured:
     """A measured figure for this model on this GPU shape (kept by the measured tuning
     runs): the decode rate of one sequence at the plan's typical context, and/or the
-    goodput of one replica at the SLO. Either replaces the tuner's own figure."""
+    goodput of one replica at the SLO. Either replaces the tuner's own figure.
+
+    ``concurrency``: the requests one replica held in flight at that goodput with every
+    target met (Little's law over the measured latencies, tuning/learned.py). Where set, it
+    decides whether a shape of ``tensor_parallel`` GPUs per replica meets the targets at
+    its share of the peak, in place of the predicted latencies (:func:`measured_misses`)."""
 
     decode_tokens_per_second: float | None = None
     goodput_per_second: float | None = None  # one replica
     tensor_parallel: int = 1  # the shape measured: GPUs per replica
     source: str = "a measurement"
+    concurrency: float | None = None  # one replica, with every target met
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanInputs:
+    """What a plan was made from, kept on it (``Plan.inputs``) so that variants of it can
+    be predicted (tuning/trials.py) and measurements compared with it
+    (tuning/learned.py): the ask (for the replicas planned), its context, and the
+    measured figure it used. (Here rather than in tuning/plan.py, which re-exports it, so
+    that tuning/learned.py can read it below the planner.)"""
+
+    ask: Ask
+    context: Context
+    measured: Measured | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,6 +180,28 @@ class Prediction:
         """The largest predicted/target ratio (<= 1: every target met)."""
         ratios = [self.milliseconds(m) / t for m, t in targets.items()]
         return max(ratios, default=0.0)
+
+
+def measured_misses(s: Shaped, targets: Targets, measured: Measured | None) -> list[Metric]:
+    """The targets shape ``s`` misses at its share of the peak: as measured where a
+    measurement of its GPUs per replica says how many requests one replica holds within
+    them (none missed when its share is within that; when not, the targets the roofline
+    says it misses, or every target when the roofline says it meets them: the measurement
+    does not say which one broke), else as predicted."""
+    held = measured_holds(s, measured)
+    if held is None:
+        return s.prediction.misses(targets)
+    if held:
+        return []
+    return s.prediction.misses(targets) or [m for m, _ in targets.items()]
+
+
+def measured_holds(s: Shaped, measured: Measured | None) -> bool | None:
+    """Whether a measurement says one replica of ``s`` holds its share of the peak within
+    every target; None: no measurement of that many GPUs per replica."""
+    if measured is None or measured.concurrency is None or measured.tensor_parallel != s.tp:
+        return None
+    return s.prediction.concurrency <= measured.concurrency
 
 
 def _efficiency(ask: Ask, g: GpuChoices, c: Candidate, measured: Measured | None) -> float | None:
@@ -429,7 +476,7 @@ def search(
         if s is None:
             continue
         evaluated.append(s)
-        if not s.prediction.misses(targets):
+        if not measured_misses(s, targets, measured):
             winners.append(s)
             cost = s.gpus
     if not winners:
@@ -510,16 +557,21 @@ def _met(
 ) -> Answered:
     p = s.prediction
     where = s.describe(gpu)
+    roofline_misses = p.misses(targets)
     lines = [
-        f"{cite(m, t)}: met, ~{p.milliseconds(m):,.1f} ms predicted at the peak of "
+        f"{cite(m, t)}: met as measured (the roofline predicted ~{p.milliseconds(m):,.1f} ms) "
+        f"at the peak of {ask.peak} requests with {where}"
+        if m in roofline_misses
+        else f"{cite(m, t)}: met, ~{p.milliseconds(m):,.1f} ms predicted at the peak of "
         f"{ask.peak} requests with {where}"
         for m, t in targets.items()
     ]
+    lines += _measured_lines(ask, s, targets, measured)
     c = s.choice.candidate
     reason = choice.reason
     if s.tp != choice.candidate.tp:
         before = deployed.prediction
-        missed = before.misses(targets)
+        missed = measured_misses(deployed, targets, measured)
         named = "; ".join(
             f"{cite(m, t)}: ~{before.milliseconds(m):,.1f} ms"
             for m, t in targets.items()
@@ -557,6 +609,22 @@ def _met(
     )
     notes = _notes(choice, s.choice)
     return Answered(s.ask, s.g, dataclasses.replace(s.choice, notes=notes), result)
+
+
+def _measured_lines(ask: Ask, s: Shaped, targets: Targets, measured: Measured | None) -> list[str]:
+    """A line when a measurement, not the roofline, decided whether ``s`` meets the
+    targets."""
+    held = measured_holds(s, measured)
+    if held is None or measured is None or measured.concurrency is None:
+        return []
+    replicas = "1 replica" if s.replicas == 1 else f"each of {s.replicas} replicas"
+    verdict = "within it: met" if held else "more than it: not met"
+    return [
+        f"{_targets_text(targets)}: one replica of {s.tp} GPU(s) held ~"
+        f"{measured.concurrency:,.1f} requests in flight within them as measured "
+        f"({measured.source}); {replicas} sees {s.prediction.concurrency} at the peak of "
+        f"{ask.peak}, {verdict} (the measurement decides, not the roofline)"
+    ]
 
 
 def _assumed(ask: Ask, ctx: Context, targets: Targets) -> list[str]:
@@ -602,8 +670,9 @@ def _missed(
     d, b = deployed.prediction, best.prediction
     options = _would_meet(ask, gpu, ctx, tps, targets, limit, best, measured)
     lines = []
+    deployed_misses = measured_misses(deployed, targets, measured)
     for m, t in targets.items():
-        if m not in d.misses(targets):
+        if m not in deployed_misses:
             lines.append(
                 f"{cite(m, t)}: met, ~{d.milliseconds(m):,.1f} ms predicted at the peak of "
                 f"{ask.peak} requests with {deployed.describe(gpu)}"
@@ -624,6 +693,7 @@ def _missed(
             "weights, an FP8 KV cache, requests half as long)"
         )
         lines.append(text)
+    lines += _measured_lines(ask, deployed, targets, measured)
     lines += _assumed(ask, ctx, targets)
     result = SloAnswer(
         targets=tuple(targets.items()),
