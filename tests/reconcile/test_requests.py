@@ -9,13 +9,14 @@ import copy
 
 from tests.fakes import RecordingCluster
 from tests.reconcile.test_inference_service import NOW, SETTINGS, _cluster, _node, _stored
-from vllm_operator.constants import LABEL_SERVICE
+from vllm_operator.constants import LABEL_SERVICE, MEASUREMENTS_CONFIG_MAP
 from vllm_operator.reconcile.inference_service import (
     AppliedMemo,
     list_nodes,
     reconcile_inference_service,
 )
 from vllm_operator.runtime.cache import WATCHED, CachedAPI, WatchStore
+from vllm_operator.runtime.measurements import MeasurementsCache
 
 
 def watched(api: RecordingCluster) -> WatchStore:
@@ -217,3 +218,42 @@ async def test_labels_and_annotations_of_others_on_a_child_bring_no_apply() -> N
         CachedAPI(api, store), body, settings=SETTINGS, now=NOW, view=view, applied=applied
     )
     assert api.calls == [("apply", "Deployment", "chat")]
+
+
+async def test_a_converged_pass_reading_the_measurements_sends_no_request_within_the_minute() -> (
+    None
+):
+    """The runtime's read of the measurements store (runtime/measurements.py) is shared
+    by every pass: once it was made, converged passes send nothing for it; once it is a
+    minute old, the next pass sends its one GET (whoever's pass it is), not one per pass."""
+    api, body, applied = await _converged()
+    view = await list_nodes(api)
+    cached = CachedAPI(api, watched(api))
+    clock = [0.0]
+    cache = MeasurementsCache(SETTINGS.own_namespace, clock=lambda: clock[0])
+    await cache.read(api)
+    for _ in range(3):
+        api.calls.clear()
+        await reconcile_inference_service(
+            cached,
+            body,
+            settings=SETTINGS,
+            now=NOW,
+            view=view,
+            applied=applied,
+            measurements=lambda: cache.read(api),
+        )
+        assert api.calls == []
+    clock[0] += 61
+    api.calls.clear()
+    for _ in range(2):
+        await reconcile_inference_service(
+            cached,
+            body,
+            settings=SETTINGS,
+            now=NOW,
+            view=view,
+            applied=applied,
+            measurements=lambda: cache.read(api),
+        )
+    assert api.calls == [("get", "ConfigMap", MEASUREMENTS_CONFIG_MAP)]

@@ -21,6 +21,7 @@ from vllm_operator.constants import (
     LABEL_LOCK_TARGET,
     LABEL_SERVICE,
     LABEL_WARMUP_FOR,
+    MEASUREMENTS_CONFIG_MAP,
 )
 from vllm_operator.k8s.api import ApiError
 from vllm_operator.models.base import Manifest
@@ -53,6 +54,7 @@ class Calls:
         self.fail: ApiError | None = None
         self.phase = "Running"
         self.again: float | None = 2.0
+        self.measurements: Any = None
         self.api: Any = None
 
     async def service(
@@ -123,6 +125,24 @@ async def test_each_kind_of_key_runs_its_own_reconcile(runtime: Runtime, calls: 
     assert await runtime.work((BENCH, "team", "load")) is None
     assert await runtime.work((SCALE, "team", "chat")) == 2.0
     assert calls.made == [("service", "chat"), ("benchmark", "load"), ("autoscale", "chat")]
+
+
+async def test_every_service_pass_reads_the_measurements_through_one_shared_read(
+    runtime: Runtime, calls: Calls
+) -> None:
+    """The runtime hands each service pass a reader of the measurements store in its own
+    namespace, shared by every service: two services' passes send one GET."""
+    _cluster(runtime).put(_obj(KIND_INFERENCE_SERVICE, "chat"))
+    _cluster(runtime).put(_obj(KIND_INFERENCE_SERVICE, "code"))
+    readers = []
+    for name in ("chat", "code"):
+        await runtime.work((ISVC, "team", name))
+        readers.append(calls.measurements)
+    _cluster(runtime).calls.clear()
+    for read in readers:
+        await read()
+    assert _cluster(runtime).calls == [("get", "ConfigMap", MEASUREMENTS_CONFIG_MAP)]
+    assert runtime.measurements.namespace == runtime.settings.own_namespace
 
 
 async def test_a_model_cache_is_reconciled_while_it_is_deleted_and_its_users_follow_it(
