@@ -269,6 +269,28 @@ async def test_a_tuning_given_renders_its_winner_as_the_reconcile_would(
     assert "InferenceTuning tune, which does not exist" in out.replace("\n#   ", " ")
 
 
+def test_measurements_given_are_learned_from_as_the_operator_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.reconcile.test_measurements_plan import RECORD
+
+    (tmp_path / "isvc.yaml").write_text(yaml.safe_dump(_in_cluster(BASE)))
+    argv = ["-f", str(tmp_path / "isvc.yaml"), *_flags(RTX4090X2), "--default-image", IMAGE]
+    records = tmp_path / "measured.yaml"
+    records.write_text(yaml.safe_dump([RECORD]))
+    code, out, err = run(capsys, *argv, "--measurements", str(records))
+    assert code == 0, err
+    text = out.replace("\n#   ", " ")
+    assert "measured: 13.5 req/s meeting TTFT P99 300 ms with max-num-seqs 8" in text
+    assert "(error +48 %)" in text
+    code, out, _ = run(capsys, *argv)
+    assert "measured: " not in out
+    records.write_text(yaml.safe_dump([{**RECORD, "gpuCount": 0}]))
+    code, out, err = run(capsys, *argv, "--measurements", str(records))
+    assert (code, out) == (2, "")
+    assert "record 0" in err and "gpuCount" in err
+
+
 def test_a_tuning_file_without_a_tuning_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -26,6 +26,7 @@ from vllm_operator.constants import (
 from vllm_operator.models.gpu_node import GPUNode
 from vllm_operator.models.inference_service import InferenceService
 from vllm_operator.tuning import gpus
+from vllm_operator.tuning.measurements import Measurements, MeasurementsError
 from vllm_operator.tuning.network import network_from_labels
 
 __all__ = [
@@ -111,6 +112,20 @@ def read_service(path: str) -> InferenceService:
         return InferenceService.model_validate(read_yaml(path, "InferenceService"))
     except ValidationError as exc:
         raise InputError(f"{path} is not an InferenceService: {exc}") from exc
+
+
+def read_measurements(path: str) -> Measurements:
+    """The measured records of ``--measurements FILE`` (a list, or the ConfigMap); a file
+    that cannot be read, or a record that is not valid, is an :class:`InputError` naming
+    the record and the field."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise InputError(f"--measurements {path}: cannot read it: {exc.strerror or exc}") from exc
+    try:
+        return Measurements.parse(text)
+    except MeasurementsError as exc:
+        raise InputError(f"--measurements {path}: {exc}") from exc
 
 
 def network_labels(args: argparse.Namespace) -> dict[str, str]:

@@ -18,7 +18,9 @@ ModelCache in the same file; it is assumed downloaded. InferenceTunings in the s
 or given with ``--tuning`` (``kubectl get itune NAME -o yaml``), are taken as the
 namespace's: the measured result the service would take from them (an in-place trial,
 spec.tuning.measuredRef, spec.autoApply) is rendered, and the header says which, or why
-none is applied.
+none is applied. ``--measurements FILE`` (the records measured tuning runs kept: a list, or
+the ``vllm-operator-measurements`` ConfigMap) is taken as the operator's store: the plan
+learns from the records of its shape as the operator's does (docs/measurements.md).
 
 What depends on the live cluster takes what a first apply would get, and the output's
 header says what was assumed. ownerReferences are left out: the operator's own apply
@@ -49,6 +51,7 @@ from vllm_operator.cli_inputs import (
     gpu_profile,
     network_labels,
     read_documents,
+    read_measurements,
     read_service,
     read_yaml,
 )
@@ -115,6 +118,13 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="InferenceTunings (as kubectl get -o yaml prints them) to take as the "
         "namespace's: the measured result the service would take is rendered; repeatable "
         "(InferenceTunings in the --service file count too)",
+    )
+    parser.add_argument(
+        "--measurements",
+        metavar="FILE",
+        help="measured records (a list, or the vllm-operator-measurements ConfigMap as "
+        "kubectl get -o yaml prints it): the plan learns from those of its shape, as the "
+        "operator's does from the ConfigMap",
     )
     parser.add_argument(
         "-o",
@@ -270,6 +280,7 @@ def render(args: argparse.Namespace) -> tuple[Preview, GPUProfile]:
         gpu_node=raw,
         cache=cache,
         tunings=tunings,
+        measurements=read_measurements(args.measurements) if args.measurements else None,
         settings=_settings(args),
         now=datetime.now(UTC).replace(microsecond=0),
     )

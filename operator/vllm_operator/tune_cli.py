@@ -47,6 +47,7 @@ from vllm_operator.cli_inputs import (
     add_gpu_arguments,
     gpu_profile,
     positive,
+    read_measurements,
     read_service,
 )
 from vllm_operator.constants import DEFAULT_SERVING_IMAGE
@@ -76,7 +77,6 @@ from vllm_operator.tuning.learned import plan_learning
 from vllm_operator.tuning.measurements import (
     Comparison,
     Measurements,
-    MeasurementsError,
     Shape,
     compare,
 )
@@ -487,17 +487,6 @@ def _print_slo(answer: SloAnswer, out: TextIO) -> None:
         print(f"  - {line}", file=out)
 
 
-def _read_measurements(path: str) -> Measurements:
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise InputError(f"--measurements {path}: cannot read it: {exc.strerror or exc}") from exc
-    try:
-        return Measurements.parse(text)
-    except MeasurementsError as exc:
-        raise InputError(f"--measurements {path}: {exc}") from exc
-
-
 def _percent(error: float | None) -> str:
     return "-" if error is None else f"{error * 100:+.0f}%"
 
@@ -667,7 +656,7 @@ def run_from_args(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     path: str | None = getattr(args, "measurements", None)
     try:
-        measurements = _read_measurements(path) if path else None
+        measurements = read_measurements(path) if path else None
         result, model = tune(args, measurements)
     except (InputError, ValidationError) as exc:
         print(f"vllm-operator tune: {exc}", file=sys.stderr)

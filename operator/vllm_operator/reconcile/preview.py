@@ -18,7 +18,9 @@ What a first apply cannot know is assumed, and said in :attr:`Preview.assumed`:
 - Secrets and claims the spec names exist (the operator reports them in status; nothing
   here reads them, and none of them changes what is rendered);
 - the InferenceTunings given are the namespace's (none given: none exist): the measured
-  result they make the service take (reconcile/measured.py) is rendered, and said.
+  result they make the service take (reconcile/measured.py) is rendered, and said;
+- the measurements given are the operator's store (none given: the plan is the
+  roofline's alone).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Final
 
+from vllm_operator.k8s.measurements import StoredMeasurements
 from vllm_operator.models import InferenceService
 from vllm_operator.models.base import Manifest
 from vllm_operator.models.model_cache import ModelCache
@@ -47,6 +50,7 @@ from vllm_operator.reconcile.rollout import RolloutChoice
 from vllm_operator.render.lws import group_size
 from vllm_operator.render.model_cache import claim_name, model_path
 from vllm_operator.settings import OperatorSettings
+from vllm_operator.tuning.measurements import Measurements
 
 __all__ = ["PLACEHOLDER_UID", "Preview", "assume_downloaded", "first_apply"]
 
@@ -111,9 +115,13 @@ def _alike(
     return NodeView(nodes, gpu_nodes)
 
 
-def _first_pass(view: NodeView, tunings: Sequence[Manifest] = ()) -> Snapshot:
+def _first_pass(
+    view: NodeView,
+    tunings: Sequence[Manifest] = (),
+    measurements: Measurements | None = None,
+) -> Snapshot:
     """What the gather of a first pass reads: the nodes, the namespace's InferenceTunings,
-    and nothing of the service's yet."""
+    the measurements store, and nothing of the service's yet."""
     return Snapshot(
         view=view,
         token_secret=None,
@@ -124,6 +132,7 @@ def _first_pass(view: NodeView, tunings: Sequence[Manifest] = ()) -> Snapshot:
         pods=[],
         benchmarks=[],
         tunings=list(tunings),
+        measurements=None if measurements is None else StoredMeasurements(measurements),
     )
 
 
@@ -134,14 +143,17 @@ def first_apply(
     gpu_node: Manifest | None = None,
     cache: Manifest | None = None,
     tunings: Sequence[Manifest] = (),
+    measurements: Measurements | None = None,
     settings: OperatorSettings,
     now: datetime,
 ) -> Preview:
     """The first pass over ``isvc`` on a cluster of nodes like ``node`` (``gpu_node``: its
-    GPUNode, whose status the tuner prefers to the node's labels). ``cache``: the
-    ModelCache the service names, as :func:`assume_downloaded` makes it. ``tunings``: the
-    namespace's InferenceTunings, as served (their measured result is applied as the
-    reconcile would). A service without a uid is rendered with :data:`PLACEHOLDER_UID`."""
+        GPUNode, whose status the tuner prefers to the node's labels). ``cache``: the
+        ModelCache the service names, as :func:`assume_downloaded` makes it. ``tunings``: the
+        namespace's InferenceTunings, as served (their measured result is applied as the
+        reconcile would). ``measurements``: the operator's measurements store, as read (the plan
+    learns from it, tuning/learned.py). A service without a uid is rendered with
+    :data:`PLACEHOLDER_UID`."""
     assumed: list[str] = []
     if not isvc.metadata.uid:
         isvc = isvc.model_copy(
@@ -157,7 +169,7 @@ def first_apply(
     use = use_cache(isvc, cache)
     selector = isvc.spec.pod_template.node_selector
     served = use.service
-    snap = _first_pass(_alike(node, gpu_node, 1, selector), tunings)
+    snap = _first_pass(_alike(node, gpu_node, 1, selector), tunings, measurements)
     planned = plan(served, snap, settings, use)
     size = 1
     if planned.does_not_fit is None and is_multi_node(planned.tuning):
@@ -165,7 +177,7 @@ def first_apply(
         # the reconcile does); planned again on them, as a cluster with them would be.
         size = group_size(planned.tuning)
         snap = replace(
-            _first_pass(_alike(node, gpu_node, size, selector), tunings),
+            _first_pass(_alike(node, gpu_node, size, selector), tunings, measurements),
             groups=GroupView(installed=True),
         )
         planned = plan(served, snap, settings, use)
