@@ -227,7 +227,8 @@ async def observe(
             nodes = await api.list("v1", "Node")
             gpu_nodes = await api.list(API_VERSION, KIND_GPU_NODE)
     taken: set[str] = set()
-    upcoming = _upcoming(old)
+    # The trial that runs or starts next (the incumbent, the first laid out, before any).
+    upcoming = _upcoming(old) if old.trials else TrialStatus(name=TRIAL_INCUMBENT, role="Incumbent")
     if not terminal and upcoming is not None:
         child = trial_object_name(tuning, upcoming.name)
         for kind in (KIND_INFERENCE_SERVICE, KIND_INFERENCE_BENCHMARK):
@@ -1006,13 +1007,13 @@ def _advance(
     child = observed.services.get(name)
     gpus = _gpus(target, child, in_place)
 
-    def end(state: str, reason: str, **fields: Any) -> None:
+    def end(state: str, reason: str, *, ours: bool = True, **fields: Any) -> None:
         ended = _ended(
             trial.model_copy(update={"state": state, "reason": reason, **fields}), now, gpus
         )
         p.trials[index] = ended
         p.events.append(_trial_event(ended))
-        if not in_place:
+        if ours and not in_place:
             p.delete.extend(_child_refs(tuning, trial.name))
 
     if name in observed.taken:
@@ -1020,6 +1021,7 @@ def _advance(
             "Failed",
             f"an InferenceService or InferenceBenchmark named {name} exists and is not this "
             f"tuning's (no label {LABEL_TUNING}={tuning.metadata.name}); not applied over",
+            ours=False,
         )
         return
     if trial.state == "Starting":
@@ -1221,10 +1223,11 @@ def next_step(
             build_lock_job(tuning, target=target.metadata.name, image=settings.warmup_image)
         )
     active = next((i for i, t in enumerate(p.trials) if t.state in ACTIVE), None)
-    live = 0.0
+    live, gpus = 0.0, _gpus(target, None, in_place)
     if active is not None:
         child = observed.services.get(trial_object_name(tuning, p.trials[active].name))
-        live = _gpus(target, child, in_place) * _seconds(p.trials[active].start_time, now)
+        gpus = _gpus(target, child, in_place)
+        live = gpus * _seconds(p.trials[active].start_time, now)
     out = _budget_out(tuning, p.trials, status.start_time, now, live)
     if out is not None:
         if active is not None:
@@ -1235,7 +1238,7 @@ def next_step(
             )
             if not in_place:
                 p.delete += _child_refs(tuning, p.trials[active].name)
-        _finish_trials(p, out, now, _gpus(target, None, in_place))
+        _finish_trials(p, out, now, gpus)
         return _running_or_done(tuning, observed, now, settings, status, p)
     index = active
     if index is None:
