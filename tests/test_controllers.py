@@ -72,6 +72,7 @@ def test_the_registration_from_the_table_is_all_there_is() -> None:
 
     registry = kopf.OperatorRegistry()
     register_watches(registry)
+
     # A kind may be watched whole (its controller's own events) and by a label (another
     # controller's children): sorted with no label first.
     def key(r: Registered) -> tuple[str, str, str, str]:
