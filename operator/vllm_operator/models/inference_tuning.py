@@ -105,6 +105,11 @@ class TuningCandidate(ApiModel):
 
     model_config = cel_rules(
         {
+            "rule": "self.overrides.all(k, k.matches('^[a-z][a-z0-9-]*$'))",
+            "message": "override keys are vLLM argument names without dashes",
+            "fieldPath": ".overrides",
+        },
+        {
             "rule": "!(self.name in ['incumbent', 'defaults', 'incumbent-again'])",
             "message": "a candidate's name may not be incumbent, defaults or incumbent-again "
             "(the run's own trials)",
