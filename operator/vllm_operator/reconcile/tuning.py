@@ -1330,18 +1330,20 @@ def _running_or_done(
         lock = Ref("batch/v1", "Job", lock_job_name(tuning), ns)
         if tuning.spec.strategy == "InPlace" and lock not in delete:
             delete.append(lock)
+        # The run is over: no lock to take any more.
+        applied = [m for m in p.apply if m["kind"] != "Job"]
         return _step(
-            tuning, final, apply=p.apply, delete=delete, events=p.events,
+            tuning, final, apply=applied, delete=delete, events=p.events,
             requeue=settings.resync_seconds,
         )  # fmt: skip
     current = next((t for t in p.trials if t.state in ACTIVE), None)
     position = (
-        f"trial {current.name} ({p.trials.index(current) + 1} of {len(p.trials)}): "
-        f"{current.reason or current.state}"
+        f"Trial {current.name} ({p.trials.index(current) + 1} of {len(p.trials)}): "
+        f"{current.reason or current.state}."
         if current is not None
-        else "between trials"
+        else "Between trials."
     )
-    reason, message = p.waiting or ("Running", f"Measuring {position}.")
+    reason, message = p.waiting or ("Running", position)
     changed = p.trials != list(status.trials) or status.phase != "Running"
     running = status.model_copy(
         update={
