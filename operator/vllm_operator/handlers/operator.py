@@ -27,6 +27,7 @@ from vllm_operator.constants import (
     PLURAL_GPU_NODE,
     PLURAL_INFERENCE_BENCHMARK,
     PLURAL_INFERENCE_SERVICE,
+    PLURAL_INFERENCE_TUNING,
     PLURAL_MODEL_CACHE,
 )
 from vllm_operator.k8s.api import ApiError
@@ -56,6 +57,7 @@ OUR_RESOURCES = (
     PLURAL_INFERENCE_BENCHMARK,
     PLURAL_GPU_NODE,
     PLURAL_MODEL_CACHE,
+    PLURAL_INFERENCE_TUNING,
 )
 # Kopf retries a failed request (a watch's LIST among them) after these pauses, then the
 # watch starts over. Kopf's default (1, 1, 2, 3, 5, 8, 13, 21) left a watch asleep up to

@@ -33,6 +33,7 @@ from vllm_operator.tuning import (
     GPUProfile,
     Plan,
     SpecOnly,
+    TuningResult,
     node_profile,
     plan_service,
     spec_only,
@@ -182,6 +183,27 @@ def deployed_version_of(isvc: InferenceService, *, default_image: str) -> Deploy
     )
 
 
+def plan_result(
+    isvc: InferenceService,
+    nodes: list[Manifest],
+    gpu_nodes: list[Manifest],
+    *,
+    default_image: str = DEFAULT_SERVING_IMAGE,
+    config: Mapping[str, Any] | None = None,
+    model_name: str | None = None,
+) -> TuningResult:
+    """The tuner's answer for ``isvc`` on these nodes, as the tuner gives it: the plan
+    the service runs (:func:`plan_inference_service`), and what a measured tuning run's
+    candidates are built around (InferenceTuning)."""
+    return plan_service(
+        _planning_spec(isvc),
+        gpu_profiles(candidate_nodes(isvc, nodes), gpu_nodes),
+        config=config,
+        name=model_name or isvc.metadata.name,
+        version=deployed_version_of(isvc, default_image=default_image),
+    )
+
+
 def plan_inference_service(
     isvc: InferenceService,
     nodes: list[Manifest],
@@ -195,13 +217,8 @@ def plan_inference_service(
     config.json where the operator has it (a ModelCache's download read it);
     ``model_name``: the repository it came from, for the catalog (else the service's
     name)."""
-    profiles = gpu_profiles(candidate_nodes(isvc, nodes), gpu_nodes)
-    result = plan_service(
-        _planning_spec(isvc),
-        profiles,
-        config=config,
-        name=model_name or isvc.metadata.name,
-        version=deployed_version_of(isvc, default_image=default_image),
+    result = plan_result(
+        isvc, nodes, gpu_nodes, default_image=default_image, config=config, model_name=model_name
     )
     if isinstance(result, Plan):
         return PlanOutcome(result.effective_tuning())

@@ -1,0 +1,144 @@
+"""The InferenceTuning reconcile against the recording ClusterAPI: a whole Beside run pass
+by pass, with a fresh call each time (as a restarted operator makes it), the objects it
+leaves to garbage collection, and what it refuses to apply over."""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from tests.fakes import RecordingCluster
+from tests.reconcile.test_tuning_step import TUNING, _level, _ready, _target_body
+from vllm_operator.models.base import Manifest
+from vllm_operator.reconcile.tuning import reconcile_inference_tuning
+from vllm_operator.settings import OperatorSettings
+
+NOW = datetime(2026, 12, 7, 12, 0, tzinfo=UTC)
+SETTINGS = OperatorSettings()
+API = "inference.vllm-operator.dev/v1alpha1"
+NS = "team-a"
+
+
+def _cluster(spec: dict[str, Any] | None = None) -> RecordingCluster:
+    api = RecordingCluster()
+    api.put(_target_body())
+    tuning = copy.deepcopy(TUNING)
+    tuning["spec"].update(
+        {
+            "candidates": [{"name": "seqs-8", "overrides": {"max-num-seqs": "8"}}],
+            "includeDefaults": False,
+            "remeasureIncumbent": False,
+            **(spec or {}),
+        }
+    )
+    api.put(tuning)
+    return api
+
+
+def _tuning(api: RecordingCluster) -> Manifest:
+    return api.objects[(API, "InferenceTuning", NS, "fast")]
+
+
+async def _pass(api: RecordingCluster, minutes: int = 0) -> str:
+    step = await reconcile_inference_tuning(
+        api, _tuning(api), settings=SETTINGS, nodes=[], gpu_nodes=[],
+        now=NOW + timedelta(minutes=minutes),
+    )  # fmt: skip
+    return step.phase
+
+
+def _make_ready(api: RecordingCluster, name: str) -> None:
+    child = api.objects[(API, "InferenceService", NS, name)]
+    child["metadata"]["generation"] = 1
+    child["status"] = {
+        "observedGeneration": 1,
+        "conditions": [_ready()],
+        "tuning": {"plannedBy": "Tuner", "vllmVersion": "0.32.0", "gpusPerReplica": 1},
+    }
+
+
+def _finish(api: RecordingCluster, name: str, levels: list[dict[str, Any]]) -> None:
+    api.objects[(API, "InferenceBenchmark", NS, name)]["status"] = {
+        "phase": "Succeeded",
+        "levels": levels,
+    }
+
+
+def _trials(api: RecordingCluster) -> list[tuple[str, str]]:
+    return [(t["name"], t["state"]) for t in _tuning(api)["status"]["trials"]]
+
+
+async def test_a_beside_run_measures_each_trial_in_turn_and_names_the_winner() -> None:
+    api = _cluster()
+    assert await _pass(api) == "Running"
+    assert _trials(api) == [("incumbent", "Starting"), ("seqs-8", "Pending")]
+    assert (API, "InferenceService", NS, "fast-incumbent") in api.objects
+    _make_ready(api, "fast-incumbent")
+    await _pass(api, 1)
+    assert (API, "InferenceBenchmark", NS, "fast-incumbent") in api.objects
+    _finish(api, "fast-incumbent", [_level(1.0, "Met"), _level(2.0, "Met"), _level(4.0, "Missed")])
+    await _pass(api, 5)
+    assert _trials(api) == [("incumbent", "Succeeded"), ("seqs-8", "Pending")]
+    assert (API, "InferenceService", NS, "fast-incumbent") not in api.objects
+    # The benchmark stays: the trial's record, owned by the tuning.
+    assert (API, "InferenceBenchmark", NS, "fast-incumbent") in api.objects
+    await _pass(api, 6)
+    assert _trials(api)[1] == ("seqs-8", "Starting")
+    _make_ready(api, "fast-seqs-8")
+    await _pass(api, 7)
+    bench = api.objects[(API, "InferenceBenchmark", NS, "fast-seqs-8")]
+    assert bench["spec"]["search"]["minRatePerSecond"] == 2.0  # the incumbent's goodput
+    _finish(api, "fast-seqs-8", [_level(2.0, "Met"), _level(4.0, "Met"), _level(8.0, "Missed")])
+    assert await _pass(api, 11) == "Succeeded"
+    status = _tuning(api)["status"]
+    assert status["winner"]["trial"] == "seqs-8"
+    assert status["winner"]["marginOverIncumbent"] == 1.0
+    assert status["winner"]["distinguishable"] is False  # no spread measured
+    assert not [k for k in api.objects if k[1] == "InferenceService" and k[3] != "chat"]
+    # The target's spec is never written.
+    assert api.objects[(API, "InferenceService", NS, "chat")]["spec"] == _target_body()["spec"]
+
+
+async def test_everything_the_run_creates_goes_with_the_tuning() -> None:
+    """Deleting the tuning mid-trial leaves nothing: every object it made names the tuning
+    as its controller, which garbage collection follows (the recording fake has none)."""
+    api = _cluster({"strategy": "InPlace"})
+    await _pass(api)
+    api2 = _cluster()
+    await _pass(api2)
+    _make_ready(api2, "fast-incumbent")
+    await _pass(api2, 1)
+    made = [
+        o
+        for a in (api, api2)
+        for (av, kind, _, name), o in a.objects.items()
+        if not (kind == "InferenceService" and name == "chat") and kind != "InferenceTuning"
+    ]
+    assert {o["kind"] for o in made} == {"Job", "InferenceService", "InferenceBenchmark"}
+    for obj in made:
+        (owner,) = obj["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["name"], owner["uid"]) == ("InferenceTuning", "fast", "t-1")
+        assert owner["controller"] is True and owner["blockOwnerDeletion"] is True
+        assert obj["metadata"]["labels"]["inference.vllm-operator.dev/tuning"] == "fast"
+
+
+async def test_a_same_named_service_of_someone_else_is_not_applied_over() -> None:
+    api = _cluster()
+    theirs = _target_body()
+    theirs["metadata"] = {"name": "fast-incumbent", "namespace": NS, "uid": "x"}
+    api.put(theirs)
+    await _pass(api)
+    assert api.objects[(API, "InferenceService", NS, "fast-incumbent")]["metadata"]["uid"] == "x"
+    assert ("apply", "InferenceService", "fast-incumbent") not in api.calls
+    assert _trials(api)[0] == ("incumbent", "Failed")
+
+
+async def test_a_refused_run_writes_only_its_status() -> None:
+    api = _cluster({"candidates": [{"name": "typo", "overrides": {"max-num-seqz": "8"}}]})
+    assert await _pass(api) == "Failed"
+    writes = [c for c in api.calls if c[0] in ("apply", "delete", "patch")]
+    assert writes == [("apply", "InferenceTuning/status", "fast")]
+    ready = _tuning(api)["status"]["conditions"][0]
+    assert ready["reason"] == "InvalidOverride"
+    assert "spec.candidates[0].overrides.max-num-seqz" in ready["message"]
