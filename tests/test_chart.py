@@ -288,6 +288,7 @@ UPCOMING_RULES = [
         ("horizontalpodautoscalers",),
         ("get", "list", "watch", "create", "patch", "delete"),
     ),
+    (("inference.vllm-operator.dev",), ("inferencetunings",), ("get", "list", "watch")),
     (
         ("inference.vllm-operator.dev",),
         ("inferencebenchmarks",),
@@ -299,9 +300,11 @@ UPCOMING_RULES = [
     (("",), ("serviceaccounts",), ("create", "patch")),
     (("rbac.authorization.k8s.io",), ("roles", "rolebindings"), ("create", "patch")),
     (("inference.vllm-operator.dev",), ("modelcaches",), ("get", "list", "watch", "patch")),
-    (("inference.vllm-operator.dev",), ("modelcaches/status",), ("patch",)),
-    (("inference.vllm-operator.dev",), ("inferencetunings",), ("get", "list", "watch")),
-    (("inference.vllm-operator.dev",), ("inferencetunings/status",), ("patch",)),
+    (
+        ("inference.vllm-operator.dev",),
+        ("modelcaches/status", "inferencetunings/status"),
+        ("patch",),
+    ),
     (("inference.vllm-operator.dev",), ("inferenceservices/scale",), ("get", "patch")),
 ]
 # The Role in the release namespace: the operator's own objects there, by name.

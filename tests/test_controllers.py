@@ -40,7 +40,12 @@ def _spelled(resource: Resource, label: str | None) -> Registered:
 
 def _declared() -> set[Registered]:
     own = {_spelled(c.reconciles, None) for c in CONTROLLERS if c.own_events}
-    labelled = {_spelled(w.resource, w.label) for _, w in watches()}
+    own_kinds = {c.reconciles for c in CONTROLLERS if c.own_events}
+    labelled = {
+        _spelled(w.resource, w.label)
+        for _, w in watches()
+        if w.names_by is None or w.resource not in own_kinds
+    }
     return own | labelled | {_spelled(r, None) for r in CLUSTER_CACHES}
 
 

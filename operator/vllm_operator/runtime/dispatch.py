@@ -34,6 +34,7 @@ from vllm_operator.k8s.controllers import (
     REPEATS_UNTIL_STALLED,
     field_keys,
     owner_keys,
+    watches,
 )
 from vllm_operator.metrics import RECONCILE_SECONDS, RECONCILES
 from vllm_operator.models.base import Manifest
@@ -75,6 +76,8 @@ BENCH: Final = INFERENCE_BENCHMARK_CONTROLLER.name
 SCALE: Final = AUTOSCALER_CONTROLLER.name
 CACHE: Final = MODEL_CACHE_CONTROLLER.name
 TUNE: Final = INFERENCE_TUNING_CONTROLLER.name
+# The kinds a watch maps to their controller's object by a field (Watch.names_by).
+FIELD_WATCHED: Final = frozenset(w.resource.kind for _, w in watches() if w.names_by is not None)
 
 ServiceReconcile = Callable[..., Awaitable[Outcome]]
 BenchmarkReconcile = Callable[..., Awaitable[str]]
@@ -418,6 +421,11 @@ class Runtime:
         on_event = BINDINGS[controller].on_event
         if on_event is not None:
             on_event(self, event, body)
+        kind = str(body.get("kind"))
+        if kind in FIELD_WATCHED:
+            # Another controller maps this kind by a field (an InferenceTuning names its
+            # target): the one handler of the kind serves that watch too.
+            self.on_labelled(body, event, kind)
 
     def on_inference_service(self, event: str | None, body: Manifest) -> None:
         meta = body.get("metadata") or {}
