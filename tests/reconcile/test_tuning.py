@@ -8,11 +8,16 @@ import copy
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import yaml
+
 from tests.fakes import RecordingCluster
 from tests.reconcile.test_tuning_step import TUNING, _level, _ready, _target_body
+from vllm_operator.models import InferenceService, InferenceTuning
 from vllm_operator.models.base import Manifest
-from vllm_operator.reconcile.tuning import reconcile_inference_tuning
+from vllm_operator.models.inference_tuning import InferenceTuningStatus
+from vllm_operator.reconcile.tuning import _record, measurement_records, reconcile_inference_tuning
 from vllm_operator.settings import OperatorSettings
+from vllm_operator.tuning.measurements import Measurements
 
 NOW = datetime(2026, 12, 7, 12, 0, tzinfo=UTC)
 SETTINGS = OperatorSettings()
@@ -142,3 +147,43 @@ async def test_a_refused_run_writes_only_its_status() -> None:
     ready = _tuning(api)["status"]["conditions"][0]
     assert ready["reason"] == "InvalidOverride"
     assert "spec.candidates[0].overrides.max-num-seqz" in ready["message"]
+
+
+async def test_a_succeeded_run_files_its_measured_trials_in_the_measurements_config_map() -> None:
+    tuning = InferenceTuning.model_validate(TUNING)
+    target = InferenceService.model_validate(_target_body())
+    figures = {"p50": 20.0, "p90": 30.0, "p99": 40.0}
+    measured = {"ttft": figures, "tpot": {"p50": 5.0, "p99": 9.0}, "sloAttainment": 1.0}
+    status = InferenceTuningStatus.model_validate(
+        {
+            "phase": "Succeeded",
+            "completionTime": "2026-12-07T12:10:00Z",
+            "fingerprint": {"image": "vllm:x", "model": "org/m", "gpuProduct": "NVIDIA-L4",
+                            "gpuCount": 1},
+            "trials": [
+                {"name": "incumbent", "role": "Incumbent", "state": "Succeeded",
+                 "arguments": ["--max-num-seqs", "4"], "measuredGoodputPerSecond": 3.0,
+                 **measured},
+                {"name": "seqs-8", "role": "Candidate", "state": "Succeeded",
+                 "arguments": ["--max-num-seqs", "8", "--enable-prefix-caching"],
+                 "measuredGoodputPerSecond": 6.0, "predictedGoodputPerSecond": 5.0,
+                 **measured},
+                {"name": "slow", "role": "Candidate", "state": "StoppedEarly",
+                 "arguments": ["--max-num-seqs", "2"], **measured},
+            ],
+        }
+    )  # fmt: skip
+    records = measurement_records(tuning, status, target)
+    assert [r.tuning.trial for r in records if r.tuning] == ["incumbent", "seqs-8"]
+    assert records[1].arguments["max-num-seqs"] == "8"
+    assert records[1].arguments["enable-prefix-caching"] == "true"
+    assert records[1].goodput_per_second == 6.0 and records[1].gpu_product == "NVIDIA-L4"
+
+    api = RecordingCluster()
+    await _record(api, SETTINGS, tuning, status, target)
+    stored = api.objects[("v1", "ConfigMap", SETTINGS.own_namespace, "vllm-operator-measurements")]
+    kept = Measurements.parse(yaml.safe_dump(stored))
+    assert sorted(r.goodput_per_second for r in kept.records.values()) == [3.0, 6.0]
+    # Without a GPU product there is no shape to file them under: nothing is written.
+    status.fingerprint.gpu_product = None  # type: ignore[union-attr]
+    assert measurement_records(tuning, status, target) == []

@@ -48,13 +48,15 @@ from vllm_operator.constants import (
     NODE_LABEL_GPU_INTERCONNECT,
     NODE_LABEL_GPU_PRODUCT,
 )
-from vllm_operator.k8s.api import ClusterAPI
+from vllm_operator.k8s.api import ApiError, ClusterAPI
+from vllm_operator.k8s.measurements import record_measurements
 from vllm_operator.models import (
     GPUNodeStatus,
     InferenceBenchmark,
     InferenceService,
     InferenceTuning,
     InferenceTuningStatus,
+    lengths,
 )
 from vllm_operator.models.base import Condition, Manifest
 from vllm_operator.models.conditions import condition, find, pod_condition
@@ -78,7 +80,12 @@ from vllm_operator.reconcile.lock import list_lock_jobs, lock_holder
 from vllm_operator.reconcile.phases import phase_conditions, phase_event, write_phase_status
 from vllm_operator.reconcile.placement import deployed_version_of, plan_result
 from vllm_operator.reconcile.steps import Event, Ref, apply_all, delete_all
-from vllm_operator.releases.arguments import Arguments, arguments_for, release_flags
+from vllm_operator.releases.arguments import (
+    Arguments,
+    arguments_for,
+    command_values,
+    release_flags,
+)
 from vllm_operator.render.deployment import CONTAINER, vllm_args
 from vllm_operator.render.trials import (
     build_lock_job,
@@ -89,6 +96,12 @@ from vllm_operator.render.trials import (
 )
 from vllm_operator.settings import OperatorSettings
 from vllm_operator.tuning import TuningResult
+from vllm_operator.tuning.measurements import (
+    LatencyPercentiles,
+    MeasuredBy,
+    Measurement,
+    WorkloadSummary,
+)
 from vllm_operator.tuning.release import release_problem
 from vllm_operator.tuning.trials import candidate_space, predicted_goodput
 
@@ -1397,4 +1410,90 @@ async def reconcile_inference_tuning(
     observed = await observe(api, tuning, settings=settings, nodes=nodes, gpu_nodes=gpu_nodes)
     step = next_step(tuning, observed, now, settings=settings)
     await apply_step(api, body, tuning, step)
+    finished = step.status is not None and step.status.phase == "Succeeded"
+    if finished and (tuning.status is None or tuning.status.phase != "Succeeded"):
+        assert step.status is not None
+        await _record(api, settings, tuning, step.status, observed.target)
     return step
+
+
+async def _record(
+    api: ClusterAPI,
+    settings: OperatorSettings,
+    tuning: InferenceTuning,
+    status: InferenceTuningStatus,
+    target: InferenceService | None,
+) -> None:
+    """The run's measured trials into the measurements ConfigMap, once, as it succeeds
+    (k8s/measurements.py; later plans of the same shape read them). A failed write is
+    logged and not retried: the figures stay in the tuning's status."""
+    if target is None:
+        return
+    records = measurement_records(tuning, status, target)
+    if not records:
+        return
+    try:
+        keys = await record_measurements(api, settings.own_namespace, records)
+    except ApiError as err:
+        log.warning(
+            "Measurements not recorded.",
+            extra={"tuning": tuning.metadata.name, "error": str(err)[:300]},
+        )
+        return
+    log.info("Measurements recorded.", extra={"tuning": tuning.metadata.name, "keys": keys})
+
+
+def measurement_records(
+    tuning: InferenceTuning, status: InferenceTuningStatus, target: InferenceService
+) -> list[Measurement]:
+    """One record per trial that measured a goodput, of the shape the run's fingerprint
+    holds (none without a model or a GPU product to file it under)."""
+    fp = status.fingerprint
+    if fp is None or not fp.model or not fp.gpu_product:
+        return []
+    workload = effective_workload(tuning, target)
+    if workload is None or workload.prompt_tokens is None or workload.output_tokens is None:
+        return []
+    summary = WorkloadSummary(
+        prompt_tokens_mean=lengths.mean(workload.prompt_tokens),
+        output_tokens_mean=lengths.mean(workload.output_tokens),
+        peak_concurrency=target.spec.workload.peak_concurrency,
+    )
+    slo = effective_slo(tuning, target)
+    records = []
+    for trial in status.trials:
+        goodput, ttft, tpot = trial.measured_goodput_per_second, trial.ttft, trial.tpot
+        if trial.state != "Succeeded" or not goodput or not fp.image:
+            continue
+        if ttft is None or tpot is None or None in (ttft.p50, ttft.p99, tpot.p50, tpot.p99):
+            continue
+        assert ttft.p50 is not None and ttft.p99 is not None
+        assert tpot.p50 is not None and tpot.p99 is not None
+        when = trial.completion_time or status.completion_time
+        if when is None:
+            continue
+        records.append(
+            Measurement(
+                model=target.spec.model.name or fp.model,
+                model_revision=fp.model_revision,
+                image=fp.image,
+                gpu_product=fp.gpu_product,
+                gpu_count=fp.gpu_count or 1,
+                interconnect=fp.interconnect,
+                arguments=command_values(trial.arguments),
+                goodput_per_second=goodput,
+                ttft=LatencyPercentiles(p50=ttft.p50, p99=ttft.p99),
+                tpot=LatencyPercentiles(p50=tpot.p50, p99=tpot.p99),
+                slo_attainment=trial.slo_attainment or 0.0,
+                slo=slo,
+                workload=summary,
+                predicted_goodput_per_second=trial.predicted_goodput_per_second,
+                measured_at=when,
+                tuning=MeasuredBy(
+                    namespace=tuning.metadata.namespace or "",
+                    name=tuning.metadata.name,
+                    trial=trial.name,
+                ),
+            )
+        )
+    return records
