@@ -260,7 +260,11 @@ def test_the_agent_is_off_by_default_and_takes_its_own_image_and_namespace() -> 
 # server-side apply that creates an object needs `create` besides `patch`), and
 # what the work in progress will need (kept apart so it is visible).
 NAMESPACED_RULES = [
-    (("inference.vllm-operator.dev",), ("inferenceservices",), ("get", "list", "watch")),
+    (
+        ("inference.vllm-operator.dev",),
+        ("inferenceservices",),
+        ("get", "list", "watch", "create", "patch", "delete"),
+    ),
     (("inference.vllm-operator.dev",), ("inferenceservices/status",), ("patch",)),
     (("apps",), ("deployments",), ("get", "list", "watch", "create", "patch")),
     (
@@ -285,14 +289,22 @@ UPCOMING_RULES = [
         ("get", "list", "watch", "create", "patch", "delete"),
     ),
     (("inference.vllm-operator.dev",), ("inferencetunings",), ("get", "list", "watch")),
-    (("inference.vllm-operator.dev",), ("inferencebenchmarks",), ("get", "list", "watch")),
+    (
+        ("inference.vllm-operator.dev",),
+        ("inferencebenchmarks",),
+        ("get", "list", "watch", "create", "patch", "delete"),
+    ),
     (("inference.vllm-operator.dev",), ("inferencebenchmarks/status",), ("patch",)),
     (("",), ("pods/eviction",), ("create",)),
     (("",), ("configmaps",), ("get", "list", "watch", "create", "update", "patch", "delete")),
     (("",), ("serviceaccounts",), ("create", "patch")),
     (("rbac.authorization.k8s.io",), ("roles", "rolebindings"), ("create", "patch")),
     (("inference.vllm-operator.dev",), ("modelcaches",), ("get", "list", "watch", "patch")),
-    (("inference.vllm-operator.dev",), ("modelcaches/status",), ("patch",)),
+    (
+        ("inference.vllm-operator.dev",),
+        ("modelcaches/status", "inferencetunings/status"),
+        ("patch",),
+    ),
     (("inference.vllm-operator.dev",), ("inferenceservices/scale",), ("get", "patch")),
 ]
 # The Role in the release namespace: the operator's own objects there, by name.

@@ -9,13 +9,14 @@ import yaml
 from pydantic import ValidationError
 
 from tests.catalog import invalid_cases, valid_bases
-from vllm_operator.models import GPUNode, InferenceBenchmark, InferenceService
+from vllm_operator.models import GPUNode, InferenceBenchmark, InferenceService, InferenceTuning
 from vllm_operator.models.base import ApiModel
 
 KINDS: dict[str, type[ApiModel]] = {
     "InferenceService": InferenceService,
     "InferenceBenchmark": InferenceBenchmark,
     "GPUNode": GPUNode,
+    "InferenceTuning": InferenceTuning,
 }
 EXAMPLE_DIR = Path(__file__).parents[1] / "examples"
 EXAMPLES = sorted(EXAMPLE_DIR.rglob("*.yaml"))

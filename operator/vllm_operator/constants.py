@@ -63,9 +63,9 @@ LABEL_BENCHMARK: Final = f"{GROUP}/inference-benchmark"
 # On warmup Jobs and their pods: the InferenceService they warm. Not the selector label,
 # so the Service, the ReplicaSet and the pod lists never count a warmup pod as a server.
 LABEL_WARMUP_FOR: Final = f"{GROUP}/warmup-for"
-# On a measured run's trial children (an InferenceService beside its target, and its
-# benchmark): the InferenceTuning they belong to, and the trial. A service carrying
-# LABEL_TUNING is a trial and never takes a measured result itself.
+# On what an InferenceTuning creates (docs/measured-tuning.md): its trials' InferenceServices
+# and InferenceBenchmarks, and an InPlace run's lock Job, name the tuning; the trial
+# children name their trial too.
 LABEL_TUNING: Final = f"{GROUP}/tuning"
 LABEL_TRIAL: Final = f"{GROUP}/trial"
 

@@ -11,7 +11,12 @@ from typing import Any
 from tests.fakes import RecordingCluster
 from tests.reconcile.test_inference_service import NOW, SETTINGS, _cluster, _node, _stored
 from tests.reconcile.test_measured import WIN, tuning
-from vllm_operator.constants import LABEL_TUNING
+from vllm_operator.constants import (
+    API_VERSION,
+    LABEL_LOCK_TARGET,
+    LABEL_SCALE_DOWN_LOCK,
+    LABEL_TUNING,
+)
 from vllm_operator.reconcile.inference_service import reconcile_inference_service
 
 USER = {"max-num-seqs": "64", "max-model-len": "2048"}
@@ -120,3 +125,42 @@ async def test_a_trial_child_reads_no_tunings_and_renders_its_own_overrides() ->
     assert _flag(_args(api), "max-num-seqs") == "64"
     assert not [c for c in api.calls if c[1] == "InferenceTuning"], "no tuning is even read"
     assert "measuredFrom" not in _stored(api, body)["status"]
+
+
+def _lock(name: str, target: str, *, tuning_name: str | None = None) -> dict[str, Any]:
+    labels = {LABEL_SCALE_DOWN_LOCK: "true", LABEL_LOCK_TARGET: target}
+    if tuning_name is not None:
+        labels[LABEL_TUNING] = tuning_name
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": "team-a", "labels": labels},
+        "spec": {"suspend": True},
+        "status": {},
+    }
+
+
+async def test_an_in_place_trial_rolls_out_under_its_own_tunings_lock_but_not_under_another() -> (
+    None
+):
+    api, body = _cluster(_node("a", 2), tuning={"overrides": USER})
+    await _pass(api, body)
+    name = body["metadata"]["name"]
+    api.put(_lock("probe-lock", name, tuning_name="probe"))
+    api.put(
+        tuning(
+            "probe",
+            phase="Running",
+            in_place={"trial": "seqs-16", "overrides": {"max-num-seqs": "16"}},
+        )
+    )
+    await _pass(api, body)
+    assert _flag(_args(api), "max-num-seqs") == "16", "its own lock holds no trial back"
+
+    # Another benchmark's lock holds the next change of the pods (the trial gone).
+    api.put(_lock("other-load", name))
+    del api.objects[("batch/v1", "Job", "team-a", "probe-lock")]
+    del api.objects[(API_VERSION, "InferenceTuning", "team-a", "probe")]
+    await _pass(api, body)
+    assert _flag(_args(api), "max-num-seqs") == "16", "held by the other benchmark"
+    assert _stored(api, body)["status"]["rollout"]["message"].startswith("Held: ")

@@ -33,6 +33,7 @@ from vllm_operator.runtime.dispatch import (
     ISVC,
     PENDING_BENCHMARK_SECONDS,
     SCALE,
+    TUNE,
     Runtime,
 )
 from vllm_operator.servers.pods import PodClient
@@ -369,6 +370,22 @@ def test_a_benchmark_event_reconciles_the_benchmark_and_its_target(runtime: Runt
     the next resync)."""
     runtime.on_inference_benchmark("team", "load", "chat")
     assert _due(runtime) == {(BENCH, "team", "load"), (ISVC, "team", "chat")}
+
+
+def test_a_tuning_event_reconciles_the_tuning_and_its_target(runtime: Runtime) -> None:
+    """The target's pods take an InPlace trial from the tuning's status (and go back when
+    it is deleted); a later change of the target reaches the tuning (its Stale)."""
+    runtime.on_inference_tuning("team", "fast", "chat")
+    assert _due(runtime) == {(TUNE, "team", "fast"), (ISVC, "team", "chat")}
+    runtime.queue._due.clear()
+    runtime.on_inference_service("MODIFIED", _obj(KIND_INFERENCE_SERVICE))
+    assert (TUNE, "team", "fast") in _due(runtime)
+    runtime.queue._due.clear()
+    runtime.on_inference_tuning("team", "fast", "chat", gone=True)
+    assert _due(runtime) == {(ISVC, "team", "chat")}
+    runtime.queue._due.clear()
+    runtime.on_inference_service("MODIFIED", _obj(KIND_INFERENCE_SERVICE) | {"spec": {"x": 1}})
+    assert (TUNE, "team", "fast") not in _due(runtime)
 
 
 @pytest.mark.parametrize(

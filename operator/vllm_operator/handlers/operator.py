@@ -27,6 +27,7 @@ from vllm_operator.constants import (
     PLURAL_GPU_NODE,
     PLURAL_INFERENCE_BENCHMARK,
     PLURAL_INFERENCE_SERVICE,
+    PLURAL_INFERENCE_TUNING,
     PLURAL_MODEL_CACHE,
 )
 from vllm_operator.k8s.api import ApiError
@@ -56,6 +57,7 @@ OUR_RESOURCES = (
     PLURAL_INFERENCE_BENCHMARK,
     PLURAL_GPU_NODE,
     PLURAL_MODEL_CACHE,
+    PLURAL_INFERENCE_TUNING,
 )
 # Kopf retries a failed request (a watch's LIST among them) after these pauses, then the
 # watch starts over. Kopf's default (1, 1, 2, 3, 5, 8, 13, 21) left a watch asleep up to
@@ -233,7 +235,8 @@ def register_watches(registry: kopf.OperatorRegistry | None = None) -> None:
     """One Kopf event handler per watch the controller table declares (into Kopf's
     default registry unless ``registry``): each controller's own kind, each labelled
     watch (filtered again client-side by its label: the apiserver's selector is one
-    label per resource, and Jobs carry one of several), and the node caches' kinds."""
+    label per resource, and Jobs carry one of several), each watch by a field of a kind
+    no controller reconciles, and the node caches' kinds."""
     for controller in CONTROLLERS:
         if controller.own_events:
             kopf.on.event(
@@ -241,7 +244,12 @@ def register_watches(registry: kopf.OperatorRegistry | None = None) -> None:
                 id=f"{controller.name}-event",
                 registry=registry,
             )(_own_event(controller.name))
+    own = {c.reconciles for c in CONTROLLERS if c.own_events}
     for _, watch in watches():
+        if watch.names_by is not None and watch.resource in own:
+            # Mapped by a field, of a kind a controller reconciles: its own handler
+            # passes every event on (Runtime.on_own_event); one handler per kind.
+            continue
         labels = {watch.label: kopf.PRESENT} if watch.label else None
         kopf.on.event(*_spelled(watch.resource), labels=labels, id=watch.id, registry=registry)(
             labelled_event

@@ -43,6 +43,7 @@ from vllm_operator.constants import (
     LABEL_LOCK_TARGET,
     LABEL_MODEL_CACHE,
     LABEL_SERVICE,
+    LABEL_TUNING,
     LABEL_WARMUP_FOR,
     MEASUREMENTS_CONFIG_MAP,
     PLURAL_GPU_NODE,
@@ -395,6 +396,56 @@ MODEL_CACHE_CONTROLLER: Final = Controller(
     gone_namespace=True,
 )
 
+INFERENCE_TUNING_CONTROLLER: Final = Controller(
+    name="tune",
+    reconciles=INFERENCE_TUNING,
+    own_events=True,
+    # Its trials' InferenceServices and InferenceBenchmarks, and an InPlace run's lock Job
+    # (a lock Job is watched already, by the service controller's lock label).
+    owner_labels=(LABEL_TUNING,),
+    # Both kinds are their own controllers' too, watched whole for them: these watches
+    # add no apiserver selector (apiserver_selectors), and their reads are the plain
+    # client's (the store keeps the benchmarks already, and no service by this label).
+    watches=(
+        Watch(INFERENCE_SERVICE, LABEL_TUNING, stored=False, id="tuning-service"),
+        Watch(INFERENCE_BENCHMARK, LABEL_TUNING, stored=False, id="tuning-benchmark"),
+    ),
+    permissions=(
+        Permission(
+            INFERENCE_TUNING,
+            ("get", "list", "watch"),
+            "InferenceTuning: read and watched; only its status is written.",
+        ),
+        Permission(INFERENCE_TUNING, ("patch",), "", subresource="status"),
+        Permission(
+            INFERENCE_SERVICE,
+            ("get", "list", "watch", "create", "patch", "delete"),
+            "A tuning's trials (strategy Beside): an InferenceService per trial, server-side "
+            "applied, owned by the tuning and deleted when the trial ends; the target read.",
+        ),
+        Permission(
+            INFERENCE_BENCHMARK,
+            ("get", "list", "watch", "create", "patch", "delete"),
+            "A tuning's trials: an InferenceBenchmark per trial, owned by the tuning; one "
+            "stopped by the budget is deleted.",
+        ),
+        Permission(
+            DEPLOYMENT,
+            ("get",),
+            "An InPlace tuning reads the target's Deployment: whether its pods run the trial.",
+        ),
+        Permission(
+            JOB,
+            ("get", "list", "watch", "create", "patch", "delete"),
+            "An InPlace tuning's scale-down lock: a suspended Job (no pod) owned by the "
+            "tuning, deleted when the run ends; the target's other lock Jobs listed.",
+        ),
+        Permission(POD, ("list",), "The target's pods: which node's GPUs it runs on."),
+        _EVENTS,
+    ),
+    metric=KIND_INFERENCE_TUNING,
+)
+
 AUTOSCALER_CONTROLLER: Final = Controller(
     name="scale",
     reconciles=INFERENCE_SERVICE,
@@ -429,6 +480,7 @@ CONTROLLERS: Final[tuple[Controller, ...]] = (
     INFERENCE_SERVICE_CONTROLLER,
     INFERENCE_BENCHMARK_CONTROLLER,
     MODEL_CACHE_CONTROLLER,
+    INFERENCE_TUNING_CONTROLLER,
     AUTOSCALER_CONTROLLER,
 )
 BY_NAME: Final[Mapping[str, Controller]] = {c.name: c for c in CONTROLLERS}
@@ -544,10 +596,15 @@ def apiserver_selectors() -> dict[Resource, str]:
     """The label selector each labelled watch asks the apiserver for: a resource watched
     by one label only (Kopf's handler filters are client-side, so without it the operator
     is sent every pod of the cluster to drop). A resource watched by several labels (Jobs)
-    gets none: one selector cannot OR them."""
+    gets none: one selector cannot OR them; nor does a kind a controller reconciles (its
+    own events need every object of it)."""
     labels: dict[Resource, set[str | None]] = {}
     for _, watch in watches():
         labels.setdefault(watch.resource, set()).add(watch.label)
+    # A kind some controller reconciles from its own events is watched whole.
+    for controller in CONTROLLERS:
+        if controller.own_events:
+            labels.setdefault(controller.reconciles, set()).add(None)
     return {
         resource: label
         for resource, found in labels.items()

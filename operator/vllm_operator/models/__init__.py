@@ -17,6 +17,11 @@ from vllm_operator.models.inference_service import (
     InferenceServiceSpec,
     InferenceServiceStatus,
 )
+from vllm_operator.models.inference_tuning import (
+    InferenceTuning,
+    InferenceTuningSpec,
+    InferenceTuningStatus,
+)
 from vllm_operator.models.model_cache import ModelCache, ModelCacheSpec, ModelCacheStatus
 
 __all__ = [
@@ -31,6 +36,9 @@ __all__ = [
     "InferenceService",
     "InferenceServiceSpec",
     "InferenceServiceStatus",
+    "InferenceTuning",
+    "InferenceTuningSpec",
+    "InferenceTuningStatus",
     "ModelCache",
     "ModelCacheSpec",
     "ModelCacheStatus",

@@ -32,6 +32,7 @@ from vllm_operator.constants import (
     ANNOTATION_FORCE_ROLLOUT,
     API_VERSION,
     KIND_GPU_NODE,
+    LABEL_TUNING,
 )
 from vllm_operator.k8s.api import ApiError, ClusterAPI, apply_status
 from vllm_operator.k8s.measurements import StoredMeasurements
@@ -439,6 +440,9 @@ class Decision:
     # The measured result the arguments come from, or the one asked for and why it is
     # not applied (reconcile/measured.py); None when none is asked for.
     measured: MeasuredChoice | None = None
+    # The benchmark (or lock Job) that holds a change of the pods back; the lock of the
+    # in-place tuning whose trial the change is does not (it rolls the trial out).
+    rollout_held_by: str | None = None
 
 
 def decide(
@@ -509,6 +513,7 @@ def decide(
         now=now,
     )
     children = [c for c in children if c["kind"] not in snap.foreign]
+    measured = measured_overrides(isvc, snap.tunings)
     return Decision(
         tuning=tuning,
         problems=problems,
@@ -520,8 +525,22 @@ def decide(
         last_benchmark=latest_benchmark(isvc, snap.benchmarks),
         live_deployment=as_rollout(live_groups) if multi else snap.live_deployment,
         workload=LWS_KIND if multi else DEPLOYMENT,
-        measured=measured_overrides(isvc, snap.tunings),
+        measured=measured,
+        rollout_held_by=lock_holder(_not_in_place_lock(snap.lock_jobs, measured)),
     )
+
+
+def _not_in_place_lock(jobs: list[Manifest], measured: MeasuredChoice | None) -> list[Manifest]:
+    """The lock Jobs but the one of the tuning whose in-place trial the service runs: that
+    lock keeps the service from scaling down through the run, but the trial's own rollout
+    (and the one back at its end) is what the run asks for."""
+    if measured is None or measured.reason != "InPlaceTrial":
+        return jobs
+    return [
+        j
+        for j in jobs
+        if ((j.get("metadata") or {}).get("labels") or {}).get(LABEL_TUNING) != measured.name
+    ]
 
 
 def plan(
@@ -583,7 +602,7 @@ def decide_rollout(
         unreadable=unreadable,
     )
     children = list(decision.children)
-    benchmark = decision.scale_down_blocked_by
+    benchmark = decision.rollout_held_by
     if choice.starts and benchmark is not None and not forced(isvc):
         del children[at]
         held = RolloutChoice(

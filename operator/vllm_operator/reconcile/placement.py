@@ -33,6 +33,7 @@ from vllm_operator.tuning import (
     GPUProfile,
     Plan,
     SpecOnly,
+    TuningResult,
     node_profile,
     plan_service,
     spec_only,
@@ -183,6 +184,33 @@ def deployed_version_of(isvc: InferenceService, *, default_image: str) -> Deploy
     )
 
 
+def plan_result(
+    isvc: InferenceService,
+    nodes: list[Manifest],
+    gpu_nodes: list[Manifest],
+    *,
+    default_image: str = DEFAULT_SERVING_IMAGE,
+    config: Mapping[str, Any] | None = None,
+    model_name: str | None = None,
+    measurements: Measurements | None = None,
+    unread: Sequence[str] = (),
+) -> TuningResult:
+    """The tuner's answer for ``isvc`` on these nodes, as the tuner gives it: the plan
+    the service runs (:func:`plan_inference_service`), and what a measured tuning run's
+    candidates are built around (InferenceTuning: without ``measurements``, so that its
+    predictions stay the roofline's and the error of each measurement is the tuner's).
+    ``measurements``: the kept records the plan learns from (tuning/learned.py)."""
+    return plan_service(
+        _planning_spec(isvc),
+        gpu_profiles(candidate_nodes(isvc, nodes), gpu_nodes),
+        config=config,
+        name=model_name or isvc.metadata.name,
+        version=deployed_version_of(isvc, default_image=default_image),
+        measurements=measurements,
+        unread=unread,
+    )
+
+
 def plan_inference_service(
     isvc: InferenceService,
     nodes: list[Manifest],
@@ -199,13 +227,13 @@ def plan_inference_service(
     ``model_name``: the repository it came from, for the catalog (else the service's
     name); ``measurements``: the kept records the plan learns from, ``unread`` what of
     them could not be read (tuning/learned.py)."""
-    profiles = gpu_profiles(candidate_nodes(isvc, nodes), gpu_nodes)
-    result = plan_service(
-        _planning_spec(isvc),
-        profiles,
+    result = plan_result(
+        isvc,
+        nodes,
+        gpu_nodes,
+        default_image=default_image,
         config=config,
-        name=model_name or isvc.metadata.name,
-        version=deployed_version_of(isvc, default_image=default_image),
+        model_name=model_name,
         measurements=measurements,
         unread=unread,
     )

@@ -75,6 +75,9 @@ class Flag:
     # The spelling that turns a switch off in this release (no-enforce-eager,
     # disable-prefix-caching), when it has one.
     negation: str | None = None
+    # Its default as an override spells it ('true', 'false', '0.92', 'auto'); None where the
+    # parser has none (vLLM decides at start, from the model and the hardware).
+    default: str | None = None
 
     @property
     def takes_value(self) -> bool:
@@ -150,7 +153,19 @@ def _flag(option: str, entry: Mapping[str, Any]) -> Flag:
         nargs=nargs if isinstance(nargs, int | str) else None,
         deprecated=bool(entry.get("deprecated")),
         negation=_negation(name, entry),
+        default=_default(entry.get("default")),
     )
+
+
+def _default(value: Any) -> str | None:
+    """A parser default as an override spells it; None for none, or a list or mapping."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return f"{value:g}" if isinstance(value, float) else str(value)
+    if isinstance(value, str) and value:
+        return value
+    return None
 
 
 @functools.cache

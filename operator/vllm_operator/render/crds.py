@@ -18,7 +18,14 @@ from pydantic.json_schema import GenerateJsonSchema, NoDefault
 from pydantic_core import core_schema
 
 from vllm_operator.constants import GROUP, VERSION
-from vllm_operator.models import GPUNode, InferenceBenchmark, InferenceService, ModelCache
+from vllm_operator.models import (
+    GPUNode,
+    InferenceBenchmark,
+    InferenceService,
+    InferenceTuning,
+    ModelCache,
+)
+from vllm_operator.models.inference_tuning import MAX_TUNING_NAME
 
 Schema = dict[str, Any]
 
@@ -29,6 +36,15 @@ _ISVC_NAME_RULE: Final = {
     "size(self.metadata.name) <= 50",
     "message": "metadata.name must be a DNS-1035 label of at most 50 characters "
     "(it names the Service and the Deployment)",
+}
+
+# A tuning's trials are InferenceServices named <tuning>-<trial> (a trial name has at most
+# 20 characters), themselves at most 50 characters.
+_TUNING_NAME_RULE: Final = {
+    "rule": "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$') && "
+    f"size(self.metadata.name) <= {MAX_TUNING_NAME}",
+    "message": f"metadata.name must be a DNS-1035 label of at most {MAX_TUNING_NAME} "
+    "characters (its trials' InferenceServices are <name>-<trial>)",
 }
 
 
@@ -353,6 +369,43 @@ def model_cache_crd() -> Schema:
     )
 
 
+def inference_tuning_crd() -> Schema:
+    """The InferenceTuning CRD."""
+    return _crd(
+        kind="InferenceTuning",
+        plural="inferencetunings",
+        singular="inferencetuning",
+        scope="Namespaced",
+        short_names=["itune"],
+        schema=_root_schema(InferenceTuning, spec_required=True, root_rules=[_TUNING_NAME_RULE]),
+        columns=[
+            {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+            {"name": "Target", "type": "string", "jsonPath": ".spec.targetRef.name"},
+            {"name": "Trials", "type": "string", "jsonPath": ".status.trials[*].state"},
+            {"name": "Winner", "type": "string", "jsonPath": ".status.winner.trial"},
+            {
+                "name": "Margin",
+                "type": "number",
+                "priority": 1,
+                "jsonPath": ".status.winner.marginOverIncumbent",
+            },
+            {
+                "name": "Reason",
+                "type": "string",
+                "priority": 1,
+                "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
+            },
+            _AGE,
+        ],
+    )
+
+
 def all_crds() -> list[Schema]:
     """Every CRD of the project, in a stable order."""
-    return [inference_service_crd(), inference_benchmark_crd(), gpu_node_crd(), model_cache_crd()]
+    return [
+        inference_service_crd(),
+        inference_benchmark_crd(),
+        gpu_node_crd(),
+        model_cache_crd(),
+        inference_tuning_crd(),
+    ]

@@ -25,6 +25,7 @@ from vllm_operator.k8s.controllers import (
     AUTOSCALER_CONTROLLER,
     INFERENCE_BENCHMARK_CONTROLLER,
     INFERENCE_SERVICE_CONTROLLER,
+    INFERENCE_TUNING_CONTROLLER,
     MODEL_CACHE_CONTROLLER,
     Controller,
 )
@@ -91,6 +92,20 @@ async def _cache(rt: Runtime, key: Key, body: Manifest) -> tuple[float | None, s
     return again, "ok"
 
 
+async def _tuning(rt: Runtime, key: Key, body: Manifest) -> tuple[float | None, str]:
+    """One pass of a tuning, with the runtime's node caches (its fingerprint's GPU facts
+    and the tuner's plan) where they are filled."""
+    view = rt.node_view()
+    step = await rt.reconcile_tuning(
+        rt.api,
+        body,
+        settings=rt.settings,
+        nodes=view.nodes if view is not None else None,
+        gpu_nodes=view.gpu_nodes if view is not None else None,
+    )
+    return step.requeue, "ok"
+
+
 async def _autoscale(rt: Runtime, key: Key, body: Manifest) -> tuple[float | None, str]:
     """One autoscaler reading; it schedules the next one itself while autoscaling is on.
     Its pods and lock Jobs come from the watch store, as the service reconcile's do (the
@@ -123,6 +138,14 @@ def _benchmark_event(rt: Runtime, event: str | None, body: Manifest) -> None:
     )
 
 
+def _tuning_event(rt: Runtime, event: str | None, body: Manifest) -> None:
+    meta = body.get("metadata") or {}
+    target = ((body.get("spec") or {}).get("targetRef") or {}).get("name")
+    rt.on_inference_tuning(
+        meta.get("namespace"), str(meta.get("name")), target, gone=event == "DELETED"
+    )
+
+
 BINDINGS: Final[Mapping[str, Binding]] = {
     b.controller.name: b
     for b in (
@@ -139,6 +162,7 @@ BINDINGS: Final[Mapping[str, Binding]] = {
             _cache,
             on_event=lambda rt, event, body: rt.on_model_cache(event, body),
         ),
+        Binding(INFERENCE_TUNING_CONTROLLER, _tuning, on_event=_tuning_event),
         Binding(AUTOSCALER_CONTROLLER, _autoscale, gone=_readings_end),
     )
 }

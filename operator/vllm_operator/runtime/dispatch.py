@@ -2,11 +2,11 @@
 
 A key is ``(controller, namespace, name)``, one controller of the table in
 k8s/controllers.py: ``isvc`` reconciles an InferenceService, ``bench`` an
-InferenceBenchmark, ``cache`` a ModelCache, ``scale`` takes one autoscaler reading of an
-InferenceService. The watch events (through vllm_operator.handlers) and the periodic
-resync only add keys; ``Runtime.work``, the one turn for every controller, reads the
-key's object, runs its controller's reconcile (runtime/controllers.py binds each row to
-it) and says when to come back.
+InferenceBenchmark, ``cache`` a ModelCache, ``tune`` an InferenceTuning, ``scale`` takes
+one autoscaler reading of an InferenceService. The watch events (through
+vllm_operator.handlers) and the periodic resync only add keys; ``Runtime.work``, the one
+turn for every controller, reads the key's object, runs its controller's reconcile
+(runtime/controllers.py binds each row to it) and says when to come back.
 """
 
 from __future__ import annotations
@@ -29,10 +29,12 @@ from vllm_operator.k8s.controllers import (
     AUTOSCALER_CONTROLLER,
     INFERENCE_BENCHMARK_CONTROLLER,
     INFERENCE_SERVICE_CONTROLLER,
+    INFERENCE_TUNING_CONTROLLER,
     MODEL_CACHE_CONTROLLER,
     REPEATS_UNTIL_STALLED,
     field_keys,
     owner_keys,
+    watches,
 )
 from vllm_operator.metrics import RECONCILE_SECONDS, RECONCILES
 from vllm_operator.models.base import Manifest
@@ -46,6 +48,8 @@ from vllm_operator.reconcile.inference_service import (
     reconcile_inference_service,
 )
 from vllm_operator.reconcile.model_cache import reconcile_model_cache
+from vllm_operator.reconcile.tuning import Step as TuningStep
+from vllm_operator.reconcile.tuning import reconcile_inference_tuning
 from vllm_operator.runtime.cache import WATCHED, ObjectCache, WatchStore
 from vllm_operator.runtime.controllers import BINDINGS, PENDING_BENCHMARK_SECONDS, Binding, Key
 from vllm_operator.runtime.health import stuck
@@ -61,6 +65,7 @@ __all__ = [
     "PENDING_BENCHMARK_SECONDS",
     "REPEATS_UNTIL_STALLED",
     "SCALE",
+    "TUNE",
     "Key",
     "Runtime",
 ]
@@ -71,11 +76,15 @@ ISVC: Final = INFERENCE_SERVICE_CONTROLLER.name
 BENCH: Final = INFERENCE_BENCHMARK_CONTROLLER.name
 SCALE: Final = AUTOSCALER_CONTROLLER.name
 CACHE: Final = MODEL_CACHE_CONTROLLER.name
+TUNE: Final = INFERENCE_TUNING_CONTROLLER.name
+# The kinds a watch maps to their controller's object by a field (Watch.names_by).
+FIELD_WATCHED: Final = frozenset(w.resource.kind for _, w in watches() if w.names_by is not None)
 
 ServiceReconcile = Callable[..., Awaitable[Outcome]]
 BenchmarkReconcile = Callable[..., Awaitable[str]]
 CacheReconcile = Callable[..., Awaitable[float | None]]
 Autoscale = Callable[..., Awaitable[float | None]]
+TuningReconcile = Callable[..., Awaitable[TuningStep]]
 
 
 def reconcile_relevant(body: Manifest) -> str:
@@ -107,6 +116,11 @@ class Runtime:
     reconcile_service: ServiceReconcile = reconcile_inference_service
     reconcile_benchmark: BenchmarkReconcile = reconcile_inference_benchmark
     reconcile_cache: CacheReconcile = reconcile_model_cache
+    reconcile_tuning: TuningReconcile = reconcile_inference_tuning
+    # (namespace, InferenceService name) → the InferenceTunings targeting it, as their
+    # events showed them: a change of the service (its image, model, GPUs) reaches them
+    # at once (their Stale condition).
+    tuning_targets: dict[tuple[str, str], set[str]] = field(default_factory=dict)
     # (namespace, ModelCache name) → the InferenceServices naming it, as their events
     # showed them: a cache's change (its download done) reaches them at once.
     cache_users: dict[tuple[str, str], set[str]] = field(default_factory=dict)
@@ -412,6 +426,11 @@ class Runtime:
         on_event = BINDINGS[controller].on_event
         if on_event is not None:
             on_event(self, event, body)
+        kind = str(body.get("kind"))
+        if kind in FIELD_WATCHED:
+            # Another controller maps this kind by a field (an InferenceTuning names its
+            # target): the one handler of the kind serves that watch too.
+            self.on_labelled(body, event, kind)
 
     def on_inference_service(self, event: str | None, body: Manifest) -> None:
         meta = body.get("metadata") or {}
@@ -419,6 +438,8 @@ class Runtime:
         if not namespace or not name:
             return
         self._track_cache_use(namespace, name, body, gone=event == "DELETED")
+        for tuning in self.tuning_targets.get((namespace, name), ()):
+            self.queue.add((TUNE, namespace, tuning))
         if event == "DELETED":
             self.seen.pop((namespace, name), None)
             self.queue.add((ISVC, namespace, name))
@@ -494,3 +515,23 @@ class Runtime:
             self.queue.add((BENCH, namespace, name))
             if target:
                 self.queue.add((ISVC, namespace, target))
+
+    def on_inference_tuning(
+        self, namespace: str | None, name: str, target: str | None, *, gone: bool = False
+    ) -> None:
+        """A tuning changed: it is reconciled, and so is its target, whose pods take an
+        InPlace trial from the tuning's status (and go back when it ends or is deleted)."""
+        if not namespace:
+            return
+        for (ns, service), tunings in list(self.tuning_targets.items()):
+            if ns == namespace and service != target:
+                tunings.discard(name)
+        if target:
+            tunings = self.tuning_targets.setdefault((namespace, target), set())
+            if gone:
+                tunings.discard(name)
+            else:
+                tunings.add(name)
+            self.queue.add((ISVC, namespace, target))
+        if not gone:
+            self.queue.add((TUNE, namespace, name))
