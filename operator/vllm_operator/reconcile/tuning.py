@@ -1460,6 +1460,7 @@ def measurement_records(
         peak_concurrency=target.spec.workload.peak_concurrency,
     )
     slo = effective_slo(tuning, target)
+    in_place = tuning.spec.strategy == "InPlace"
     records = []
     for trial in status.trials:
         goodput, ttft, tpot = trial.measured_goodput_per_second, trial.ttft, trial.tpot
@@ -1479,6 +1480,8 @@ def measurement_records(
                 image=fp.image,
                 gpu_product=fp.gpu_product,
                 gpu_count=fp.gpu_count or 1,
+                # InPlace measures the service's own replicas; Beside, one trial replica.
+                replicas=max(1, target.spec.replicas) if in_place else 1,
                 interconnect=fp.interconnect,
                 arguments=command_values(trial.arguments),
                 goodput_per_second=goodput,
