@@ -15,10 +15,11 @@ import yaml
 
 from vllm_operator.models.inference_service import InferenceServiceSpec
 from vllm_operator.models.workload import SLO, Workload
+from vllm_operator.releases.arguments import command_values, release_flags
 from vllm_operator.releases.version import TESTED_VERSION, DeployedVersion
 from vllm_operator.tune_cli import configure, tune
 from vllm_operator.tuning.learned import learn, measured_of, plan_learning
-from vllm_operator.tuning.measurements import Measurement, Measurements
+from vllm_operator.tuning.measurements import Measurement, Measurements, compare
 from vllm_operator.tuning.plan import plan, plan_service
 from vllm_operator.tuning.results import Plan, SloAnswer
 
@@ -264,3 +265,19 @@ def test_the_tune_command_plans_what_the_operator_plans_from_the_same_records(
     assert measured_notes(cli) == measured_notes(operator) != []
     without, _ = tune(args)
     assert not answer(as_plan(without)).met
+
+
+def test_a_record_of_the_operators_own_command_line_counts_as_the_plans_arguments() -> None:
+    """What a tuning run files for its incumbent is the command line the operator rendered
+    (render/deployment.py: the model, the address, the served name, the revision, then the
+    plan's flags as the release spells them, negations included): it must read back as the
+    plan's own arguments, or no plan would ever use an incumbent's measurement."""
+    base = planned(None)
+    argv = [
+        "meta-llama/Llama-3.1-8B", "--host", "0.0.0.0", "--port", "8000",
+        "--served-model-name", "llama", "--revision", "main",
+        *release_flags(base.arguments, VERSION), "--shutdown-timeout", "30",
+    ]  # fmt: skip
+    kept = Measurements.of([record(arguments=command_values(argv))])
+    (found,) = compare(base, kept)
+    assert found.same_arguments, found.differences

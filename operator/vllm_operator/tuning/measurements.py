@@ -47,6 +47,9 @@ NOT_TUNING: Final = frozenset(
         "port",
         "model",
         "served-model-name",
+        # The weights' revision is the record's modelRevision, not a setting of the plan.
+        "revision",
+        "tokenizer-revision",
         "download-dir",
         "api-key",
         "shutdown-timeout",
