@@ -693,7 +693,16 @@ def _measured(**goodputs: float | None) -> list[TrialStatus]:
             0.0,
             False,
         ),
-        ({"incumbent": 2.0, "a": 3.0, "defaults": 1.5}, "a", 0.5, 1.0, None, False),
+        ({"incumbent": 2.0, "a": 3.0, "defaults": 1.5}, "a", 0.5, 1.0, None, True),
+        ({"incumbent": 2.0, "a": 2.1, "defaults": 1.5}, "a", 0.05, 0.4, None, False),
+        (
+            {"incumbent": 2.0, "a": 2.08, "defaults": 1.5, "incumbent_again": 2.0},
+            "a",
+            0.04,
+            0.3867,
+            0.0,
+            False,
+        ),
         (
             {"incumbent": None, "a": 3.0, "defaults": 1.5, "incumbent_again": 2.0},
             "a",
@@ -707,7 +716,9 @@ def _measured(**goodputs: float | None) -> list[TrialStatus]:
         "a winner beyond the spread is distinguishable",
         "a winner within the spread is not",
         "the incumbent keeps a tie and is never applied",
-        "without the incumbent measured again there is no spread and no verdict",
+        "without the incumbent measured again a margin above 10 % counts",
+        "without the incumbent measured again a margin of 5 % does not",
+        "a spread below 5 % counts as 5 %",
         "an incumbent that met the SLO nowhere gives no margin",
     ],
 )

@@ -24,6 +24,7 @@ from pydantic import Field, model_validator
 
 from vllm_operator.models.base import ApiModel, Condition, LocalObjectReference, cel_rules
 from vllm_operator.models.inference_benchmark import (
+    DEFAULT_MAX_ERROR_FRACTION,
     ArrivalSpec,
     BenchmarkWorkload,
     EndpointSpec,
@@ -171,6 +172,15 @@ class TuningMeasure(ApiModel):
     )
     endpoint: EndpointSpec = Field(default_factory=EndpointSpec, description="API and streaming.")
     seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed for reproducible runs.")
+    max_error_fraction: float = Field(
+        default=DEFAULT_MAX_ERROR_FRACTION,
+        ge=0,
+        le=1,
+        description="The trial's benchmark fails (and the trial with it) when more than this "
+        "share of a level's requests get no answer for a reason other than a deadline or are "
+        "never sent (the InferenceBenchmark's spec.maxErrorFraction; default 0.05). 1 never "
+        "fails: such requests then count against the SLO at their level.",
+    )
 
     model_config = cel_rules(
         {

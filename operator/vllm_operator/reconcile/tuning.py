@@ -657,6 +657,15 @@ def trial_search(
     return search.model_copy(update={"min_rate_per_second": low}), low
 
 
+# A winner must beat the incumbent by more than the run-to-run spread to be applied. The
+# spread is the incumbent's two measurements' difference; below MIN_SPREAD it is counted
+# as MIN_SPREAD (two searches that land on the same probed rate say little about the
+# noise between them), and without a second measurement (remeasureIncumbent: false) the
+# margin must exceed UNMEASURED_SPREAD.
+MIN_SPREAD: Final = 0.05
+UNMEASURED_SPREAD: Final = 0.10
+
+
 @dataclass(frozen=True)
 class Outcome:
     winner: TuningWinner | None
@@ -698,15 +707,23 @@ def outcome(trials: Sequence[TrialStatus]) -> Outcome:
     elif over_inc is None:
         distinguishable, verdict = False, "the incumbent met the SLO at no rate searched"
     elif spread is None:
-        distinguishable = False
+        distinguishable = over_inc > UNMEASURED_SPREAD
         verdict = (
             f"{over_inc:+.1%} over the incumbent, with no run-to-run spread measured "
-            "(remeasureIncumbent), so not distinguishable"
+            f"(remeasureIncumbent), so against {UNMEASURED_SPREAD:.0%}: "
+            + ("distinguishable" if distinguishable else "not distinguishable")
         )
     else:
-        distinguishable = over_inc > spread
-        verdict = f"{over_inc:+.1%} over the incumbent, spread {spread:.1%}: " + (
-            "distinguishable" if distinguishable else "within the spread, not distinguishable"
+        floor = max(spread, MIN_SPREAD)
+        distinguishable = over_inc > floor
+        verdict = (
+            f"{over_inc:+.1%} over the incumbent, spread {spread:.1%}"
+            + (f" (counted as {MIN_SPREAD:.0%})" if spread < MIN_SPREAD else "")
+            + (
+                ": distinguishable"
+                if distinguishable
+                else ": within the spread, not distinguishable"
+            )
         )
     winner = TuningWinner(
         trial=best.name,

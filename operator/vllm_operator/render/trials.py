@@ -114,6 +114,7 @@ def build_trial_benchmark(
         search=search,
         endpoint=measure.endpoint,
         seed=measure.seed,
+        max_error_fraction=measure.max_error_fraction,
     )
     return {
         "apiVersion": API_VERSION,
