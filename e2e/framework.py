@@ -225,6 +225,112 @@ def benchmark(name: str, target: str, seconds: int) -> dict[str, Any]:
     }
 
 
+# --------------------------------------------------------------------------- tuning
+
+# The label on what an InferenceTuning creates (spelled out, as GROUP is).
+TUNING_LABEL = f"{GROUP}/tuning"
+
+
+def tuning_manifest(name: str, target: str, **spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "apiVersion": f"{GROUP}/v1alpha1",
+        "kind": "InferenceTuning",
+        "metadata": {"name": name},
+        "spec": {
+            "targetRef": {"name": target},
+            "measure": {
+                "workload": {
+                    "promptTokens": {"type": "Fixed", "value": 16},
+                    "outputTokens": {"type": "Fixed", "value": 4},
+                },
+                "slo": {"ttftP99Milliseconds": 400},
+                "search": {"minRatePerSecond": 2, "maxRatePerSecond": 40, "maxProbes": 4},
+                "durationSeconds": 4,
+                "endpoint": {"api": "Completions", "stream": True},
+                "seed": 1,
+            },
+        },
+    }
+    body["spec"].update(spec)
+    return body
+
+
+def service_ready(cluster: ClusterHandle, ns: str, name: str, timeout: float = 180) -> None:
+    wait_for(
+        lambda: condition(fetch(cluster, ns, "vis", name), "Ready").get("status") == "True",
+        f"{name} Ready",
+        timeout=timeout,
+    )
+
+
+def tuning_status(cluster: ClusterHandle, ns: str, name: str) -> dict[str, Any]:
+    return dict((fetch(cluster, ns, "inferencetuning", name) or {}).get("status") or {})
+
+
+def tuning_ended(cluster: ClusterHandle, ns: str, name: str, timeout: float) -> dict[str, Any]:
+    wait_for(
+        lambda: tuning_status(cluster, ns, name).get("phase") in ("Succeeded", "Failed"),
+        f"tuning {name} to end",
+        timeout=timeout,
+    )
+    return tuning_status(cluster, ns, name)
+
+
+def trial_of(status: dict[str, Any], name: str) -> dict[str, Any]:
+    (found,) = [t for t in status.get("trials", []) if t["name"] == name]
+    return dict(found)
+
+
+def measuring(cluster: ClusterHandle, ns: str, name: str) -> dict[str, Any] | None:
+    for t in tuning_status(cluster, ns, name).get("trials", []):
+        if t.get("state") == "Measuring":
+            return dict(t)
+    return None
+
+
+def service_args(cluster: ClusterHandle, ns: str, service: str) -> list[str]:
+    found = fetch(cluster, ns, "deployments", "-l", f"{GROUP}/inference-service={service}") or {}
+    items = found.get("items", [])
+    assert len(items) == 1, [d["metadata"]["name"] for d in items]
+    return list(items[0]["spec"]["template"]["spec"]["containers"][0]["args"])
+
+
+def flag_value(args: list[str], flag: str) -> str | None:
+    for i, a in enumerate(args):
+        if a == f"--{flag}" and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(f"--{flag}="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def tuning_children(cluster: ClusterHandle, ns: str, tuning: str) -> list[str]:
+    """Everything left in ``ns`` that a tuning made: trial services, benchmarks, their
+    Deployments and Jobs."""
+    left = []
+    for kind in ("vis", "inferencebenchmarks", "deployments", "jobs"):
+        found = fetch(cluster, ns, kind, "-l", f"{TUNING_LABEL}={tuning}") or {}
+        left += [f"{kind}/{o['metadata']['name']}" for o in found.get("items", [])]
+    for kind in ("inferencebenchmarks", "jobs"):
+        found = fetch(cluster, ns, kind) or {}
+        left += [
+            f"{kind}/{o['metadata']['name']}"
+            for o in found.get("items", [])
+            if o["metadata"]["name"].startswith(f"{tuning}-")
+        ]
+    return sorted(set(left))
+
+
+def print_trials(status: dict[str, Any]) -> None:
+    for t in status.get("trials", []):
+        print(
+            f"  {t['name']:16} {t.get('state', ''):12} predicted "
+            f"{t.get('predictedGoodputPerSecond')} measured {t.get('measuredGoodputPerSecond')} "
+            f"req/s; TTFT p99 {(t.get('ttft') or {}).get('p99')} ms; {t.get('reason', '')}"
+        )
+    print("  winner:", status.get("winner"), "spread:", status.get("spread"))
+
+
 # --------------------------------------------------------------------------- diagnostics
 
 

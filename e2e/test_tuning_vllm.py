@@ -1,0 +1,121 @@
+"""InferenceTuning against the CPU vLLM image on the real node: a measured run finds a
+better configuration of a real server than a deliberately poor one, by more than the
+run-to-run spread it measures itself, in place (the service's own pod takes each
+candidate in turn). The run's mechanics (order, early stop, budget, apply, stale,
+deletion, an operator stopped mid-trial, Beside) are in e2e/test_tuning.py, on the fault
+server, whose trials start in seconds.
+
+Its load Jobs request CPU (LOAD_JOB_CPU, read by the chart_operator fixture): a load
+generator that requests none is starved by a vLLM server that batches on both cores, and
+its unsent requests fail the level (measured: 7 of 81 never sent at 12 requests/s).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from devenv.cluster.cluster import ClusterHandle
+from e2e.framework import (
+    flag_value,
+    print_trials,
+    service_args,
+    service_ready,
+    trial_of,
+    tuning_children,
+    tuning_ended,
+    tuning_manifest,
+    wait_for,
+)
+from e2e.real_node_fixtures import ChartOperator
+
+LOAD_JOB_CPU = "500m"
+
+
+@pytest.fixture
+def ns(chart_operator: ChartOperator, real_namespace: Callable[..., str]) -> str:
+    return real_namespace()
+
+
+SAMPLE = Path(__file__).parents[1] / "examples" / "dev-sample.yaml"
+
+
+def test_a_measured_run_on_the_cpu_vllm_beats_a_poor_incumbent_by_more_than_its_spread(
+    cluster: ClusterHandle, ns: str
+) -> None:
+    """The sample's model on the CPU vLLM image with one sequence at a time (a poor
+    incumbent: every request waits for the one before to finish decoding), tuned in place
+    over three batch sizes; the incumbent is measured again at the end, and the winner
+    must beat it by more than the two incumbent runs differ."""
+    target: dict[str, Any] = yaml.safe_load(SAMPLE.read_text())
+    target["metadata"]["name"] = "svc"
+    target["spec"]["tuning"] = {"overrides": {"max-num-seqs": "1"}}
+    cluster.apply(target, namespace=ns)
+    service_ready(cluster, ns, "svc", timeout=480)
+    body = tuning_manifest(
+        "cpu",
+        "svc",
+        strategy="InPlace",
+        includeDefaults=False,
+        remeasureIncumbent=True,
+        budget={"maxTrials": 5},
+        candidates=[
+            {"name": "seqs-2", "overrides": {"max-num-seqs": "2"}},
+            {"name": "seqs-8", "overrides": {"max-num-seqs": "8"}},
+            {"name": "seqs-32", "overrides": {"max-num-seqs": "32"}},
+        ],
+    )
+    body["spec"]["measure"].update(
+        workload={
+            "promptTokens": {"type": "Uniform", "min": 16, "max": 128},
+            "outputTokens": {"type": "Fixed", "value": 32},
+        },
+        slo={"ttftP99Milliseconds": 300},
+        search={
+            "minRatePerSecond": 2,
+            "maxRatePerSecond": 64,
+            "maxProbes": 5,
+            "targetAttainment": 0.95,
+        },
+        durationSeconds=5,
+        # A few requests the client could not send at a level count against that level,
+        # not against the whole trial.
+        maxErrorFraction=0.2,
+    )
+    started = time.monotonic()
+    cluster.apply(body, namespace=ns)
+    status = tuning_ended(cluster, ns, "cpu", timeout=900)
+    took = time.monotonic() - started
+    print(f"in-place run on the CPU vLLM: {took:.0f} s")
+    print_trials(status)
+    assert status["phase"] == "Succeeded", status
+    names = [t["name"] for t in status["trials"]]
+    # The candidates by the tuner's prediction: more sequences at once, more goodput.
+    assert names == ["incumbent", "seqs-32", "seqs-8", "seqs-2", "incumbent-again"], names
+    first, again = trial_of(status, "incumbent"), trial_of(status, "incumbent-again")
+    for t in status["trials"]:
+        assert t["state"] in ("Succeeded", "StoppedEarly"), t
+        assert flag_value(t["arguments"], "max-num-seqs") == t["overrides"].get("max-num-seqs", "1")
+    winner = status["winner"]
+    assert winner["trial"] not in ("incumbent", "incumbent-again"), winner
+    won = trial_of(status, winner["trial"])
+    spread = (
+        abs(first["measuredGoodputPerSecond"] - again["measuredGoodputPerSecond"])
+        / first["measuredGoodputPerSecond"]
+    )
+    assert status["spread"] == pytest.approx(spread, rel=0.01), status
+    margin = won["measuredGoodputPerSecond"] / first["measuredGoodputPerSecond"] - 1
+    print(f"winner {winner['trial']}: margin {margin:.0%} over the incumbent, spread {spread:.0%}")
+    assert margin > spread and winner["distinguishable"], (margin, spread)
+    # Not applied: the target is back on its own arguments, and nothing of the run is left.
+    wait_for(
+        lambda: flag_value(service_args(cluster, ns, "svc"), "max-num-seqs") == "1",
+        "the target back on its own arguments",
+        timeout=240,
+    )
+    assert tuning_children(cluster, ns, "cpu") == []
