@@ -321,6 +321,30 @@ def tuning_children(cluster: ClusterHandle, ns: str, tuning: str) -> list[str]:
     return sorted(set(left))
 
 
+def live_children(cluster: ClusterHandle, ns: str, tuning: str) -> list[str]:
+    """What of a tuning's still runs or holds something: its trial services, their
+    Deployments, and Jobs that have not finished (a load Job, an in-place lock). A run
+    that ended keeps its benchmarks (and their finished Jobs) as its record, until the
+    tuning is deleted."""
+    left = [
+        item
+        for item in tuning_children(cluster, ns, tuning)
+        if not item.startswith(("inferencebenchmarks/", "jobs/"))
+    ]
+    found = fetch(cluster, ns, "jobs") or {}
+    for job in found.get("items", []):
+        name = job["metadata"]["name"]
+        labels = job["metadata"].get("labels") or {}
+        mine = labels.get(TUNING_LABEL) == tuning or name.startswith(f"{tuning}-")
+        done = any(
+            c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
+            for c in (job.get("status") or {}).get("conditions") or []
+        )
+        if mine and not done:
+            left.append(f"jobs/{name}")
+    return sorted(set(left))
+
+
 def print_trials(status: dict[str, Any]) -> None:
     for t in status.get("trials", []):
         print(

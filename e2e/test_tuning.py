@@ -26,6 +26,7 @@ from e2e.framework import (
     fault_isvc,
     fetch,
     flag_value,
+    live_children,
     measuring,
     print_trials,
     service_args,
@@ -132,7 +133,7 @@ def test_a_beside_run_measures_by_prediction_stops_a_loser_early_and_applies_the
     assert winner["trial"] == "fast" and winner["overrides"] == {"max-num-seqs": "16"}
     assert winner["marginOverIncumbent"] > 0.5, winner
     # Nothing of the trials is left; the target was never touched by them.
-    assert tuning_children(cluster, ns, "run") == []
+    assert live_children(cluster, ns, "run") == []
 
     # autoApply: the target's arguments now come from the winner; its spec is unchanged.
     wait_for(

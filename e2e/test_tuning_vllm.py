@@ -23,6 +23,7 @@ import yaml
 from devenv.cluster.cluster import ClusterHandle
 from e2e.framework import (
     flag_value,
+    live_children,
     print_trials,
     service_args,
     service_ready,
@@ -112,10 +113,14 @@ def test_a_measured_run_on_the_cpu_vllm_beats_a_poor_incumbent_by_more_than_its_
     margin = won["measuredGoodputPerSecond"] / first["measuredGoodputPerSecond"] - 1
     print(f"winner {winner['trial']}: margin {margin:.0%} over the incumbent, spread {spread:.0%}")
     assert margin > spread and winner["distinguishable"], (margin, spread)
-    # Not applied: the target is back on its own arguments, and nothing of the run is left.
+    # Not applied: the target is back on its own arguments, and nothing of the run runs.
     wait_for(
         lambda: flag_value(service_args(cluster, ns, "svc"), "max-num-seqs") == "1",
         "the target back on its own arguments",
         timeout=240,
     )
-    assert tuning_children(cluster, ns, "cpu") == []
+    wait_for(lambda: live_children(cluster, ns, "cpu") == [], "the run's pods and Jobs gone")
+    # Its benchmarks are its record; they go with it.
+    assert tuning_children(cluster, ns, "cpu"), "no benchmark kept"
+    cluster.kubectl("delete", "inferencetuning", "cpu", "-n", ns)
+    wait_for(lambda: tuning_children(cluster, ns, "cpu") == [], "the record gone", timeout=90)

@@ -1204,3 +1204,30 @@ def test_the_end_of_an_in_place_run_clears_the_trial_and_releases_the_lock() -> 
     assert step.status is not None and step.status.in_place is None
     assert Ref("batch/v1", "Job", "fast-lock", NS) in step.delete
     assert not [r for r in step.delete if r.kind == "InferenceService"]  # the target stays
+
+
+def test_a_trial_takes_every_percentile_from_the_headline_of_the_same_level() -> None:
+    """The load Job's report keeps only the levels' P99s (4 KiB); the headline, the best
+    level, keeps them all: the trial's TTFT P50 and P99.9 come from there."""
+    tuning = _tuning()
+    compact = {"fromScheduled": {"ttft": {"p99": 310.0}, "tpot": {"p99": 20.0}}}
+    levels = [
+        {**_level(1.0, "Met"), **compact},
+        {**_level(2.0, "Met"), **compact},
+        {**_level(4.0, "Missed"), **compact},
+    ]
+    bench = _bench(tuning, "incumbent", "Succeeded", levels)
+    assert bench.status is not None
+    bench.status.headline = InferenceBenchmark.model_validate(
+        {**bench.to_wire(), "status": {"phase": "Succeeded", "headline": _level(2.0, "Met")}}
+    ).status.headline  # type: ignore[union-attr]
+    trial = TrialStatus(name="incumbent", role="Incumbent", state="Measuring")
+    read = tuning_reconcile.read_benchmark(trial, bench, early_stop_at=None)
+    assert read is not None and read.measured_goodput_per_second == 2.0
+    assert read.ttft is not None
+    assert (read.ttft.p50, read.ttft.p99, read.ttft.p999) == (80.0, 302.0, 452.0)
+    # A headline of another level is not taken for this one.
+    bench.status.headline.rate_per_second = 1.0  # type: ignore[union-attr]
+    read = tuning_reconcile.read_benchmark(trial, bench, early_stop_at=None)
+    assert read is not None and read.ttft is not None
+    assert (read.ttft.p50, read.ttft.p99) == (None, 310.0)
