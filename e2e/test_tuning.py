@@ -76,7 +76,7 @@ def _scale_refused(cluster: ClusterHandle, ns: str, name: str, replicas: int) ->
 
 
 def test_a_beside_run_measures_by_prediction_stops_a_loser_early_and_applies_the_winner(
-    cluster: ClusterHandle, real_images: Images, ns: str
+    cluster: ClusterHandle, real_images: Images, chart_operator: ChartOperator, ns: str
 ) -> None:
     cluster.apply(_cpu_target("svc", real_images.fault_server), namespace=ns)
     service_ready(cluster, ns, "svc")
@@ -134,6 +134,17 @@ def test_a_beside_run_measures_by_prediction_stops_a_loser_early_and_applies_the
     assert winner["marginOverIncumbent"] > 0.5, winner
     # Nothing of the trials is left; the target was never touched by them.
     assert live_children(cluster, ns, "run") == []
+    # The measured trials are filed for later plans, in the operator's namespace.
+    store = fetch(cluster, chart_operator.namespace, "configmap", "vllm-operator-measurements")
+    records = [json.loads(v) for v in ((store or {}).get("data") or {}).values()]
+    filed = {
+        r["tuning"]["trial"]: r
+        for r in records
+        if r.get("tuning", {}).get("namespace") == ns and r["tuning"]["name"] == "run"
+    }
+    assert sorted(filed) == ["fast", "incumbent"], records
+    assert filed["fast"]["goodputPerSecond"] == fast["measuredGoodputPerSecond"]
+    assert filed["fast"]["arguments"]["max-num-seqs"] == "16"
 
     # autoApply: the target's arguments now come from the winner; its spec is unchanged.
     wait_for(

@@ -12,6 +12,7 @@ its unsent requests fail the level (measured: 7 of 81 never sent at 12 requests/
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +37,10 @@ from e2e.framework import (
 from e2e.real_node_fixtures import ChartOperator
 
 LOAD_JOB_CPU = "500m"
+# Seconds per load level and most levels per search: short in CI (the run takes ~6
+# minutes); VLLM_OP_TUNING_LEVEL_SECONDS and VLLM_OP_TUNING_PROBES set a longer run.
+LEVEL_SECONDS = int(os.environ.get("VLLM_OP_TUNING_LEVEL_SECONDS", "5"))
+PROBES = int(os.environ.get("VLLM_OP_TUNING_PROBES", "5"))
 
 
 @pytest.fixture
@@ -80,17 +85,17 @@ def test_a_measured_run_on_the_cpu_vllm_beats_a_poor_incumbent_by_more_than_its_
         search={
             "minRatePerSecond": 2,
             "maxRatePerSecond": 64,
-            "maxProbes": 5,
+            "maxProbes": PROBES,
             "targetAttainment": 0.95,
         },
-        durationSeconds=5,
+        durationSeconds=LEVEL_SECONDS,
         # A few requests the client could not send at a level count against that level,
         # not against the whole trial.
         maxErrorFraction=0.2,
     )
     started = time.monotonic()
     cluster.apply(body, namespace=ns)
-    status = tuning_ended(cluster, ns, "cpu", timeout=900)
+    status = tuning_ended(cluster, ns, "cpu", timeout=300 + 5 * PROBES * (LEVEL_SECONDS + 8) * 2)
     took = time.monotonic() - started
     print(f"in-place run on the CPU vLLM: {took:.0f} s")
     print_trials(status)

@@ -370,8 +370,14 @@ def test_the_operator_may_read_and_patch_the_measurements_configmap_in_its_names
 def test_the_measurements_configmap_is_the_operators_kept_on_uninstall_and_optional() -> None:
     cm = one(render(), "ConfigMap", "vllm-operator-measurements")
     assert cm["metadata"]["namespace"] == "vllm-system"
-    # The own-objects policy lets the operator patch only what carries its label.
-    assert cm["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "vllm-operator"
+    # Helm labels it managed-by=Helm (measured on a real install): the own-objects policy
+    # lets the operator update this one ConfigMap by name instead.
+    policy = one(render(), "ValidatingAdmissionPolicy", OWN)
+    store = next(v for v in policy["spec"]["variables"] if v["name"] == "store")
+    assert "request.name == 'vllm-operator-measurements'" in store["expression"]
+    assert "request.namespace == 'vllm-system'" in store["expression"]
+    assert "request.operation == 'UPDATE'" in store["expression"]
+    assert any("variables.store" in v["expression"] for v in policy["spec"]["validations"])
     assert cm["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
     assert "data" not in cm  # the chart never writes (or, on upgrade, drops) the records
     assert not [
