@@ -985,10 +985,29 @@ def _on_gpu(
             "ModelChanged",
         ),
         (Observed(target=_target(slo={"ttftP99Milliseconds": 200})), "WorkloadChanged"),
+        (
+            Observed(
+                target=_target(
+                    workload={
+                        "promptTokens": {"type": "Fixed", "value": 128},
+                        "outputTokens": {"type": "Fixed", "value": 64},
+                        "peakConcurrency": 99,
+                    }
+                )
+            ),
+            "WorkloadChanged",
+        ),
         (_on_gpu(TARGET, 300.0), "PowerLimitChanged"),
         (_on_gpu(TARGET, 700.0, "NVIDIA H200"), "GPUChanged"),
     ],
-    ids=["a new image", "a new model revision", "a new SLO", "a lower power limit", "another GPU"],
+    ids=[
+        "a new image",
+        "a new model revision",
+        "a new SLO",
+        "a new declared peak, the lengths measured the same",
+        "a lower power limit",
+        "another GPU",
+    ],
 )
 def test_a_finished_run_turns_stale_when_the_target_changes(now: Observed, reason: str) -> None:
     tuning = _done(_fingerprint(TARGET, _on_gpu(TARGET, 700.0)))

@@ -24,7 +24,6 @@ from pydantic import Field, model_validator
 
 from vllm_operator.models.base import ApiModel, Condition, LocalObjectReference, cel_rules
 from vllm_operator.models.inference_benchmark import (
-    DEFAULT_MAX_ERROR_FRACTION,
     ArrivalSpec,
     BenchmarkWorkload,
     EndpointSpec,
@@ -173,13 +172,14 @@ class TuningMeasure(ApiModel):
     endpoint: EndpointSpec = Field(default_factory=EndpointSpec, description="API and streaming.")
     seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed for reproducible runs.")
     max_error_fraction: float = Field(
-        default=DEFAULT_MAX_ERROR_FRACTION,
+        default=1.0,
         ge=0,
         le=1,
-        description="The trial's benchmark fails (and the trial with it) when more than this "
-        "share of a level's requests get no answer for a reason other than a deadline or are "
-        "never sent (the InferenceBenchmark's spec.maxErrorFraction; default 0.05). 1 never "
-        "fails: such requests then count against the SLO at their level.",
+        description="The trials' benchmarks' spec.maxErrorFraction. Default 1: requests that "
+        "get no answer (or that the load client could not send) count against the SLO at "
+        "their level, so the search's goodput stops below the rate where they start, and "
+        "the trial reports them (errors). Lower fails the whole trial when a level's share "
+        "of them exceeds it (the InferenceBenchmark's own default is 0.05).",
     )
 
     model_config = cel_rules(

@@ -74,7 +74,7 @@ from vllm_operator.models.inference_tuning import (
     TuningFingerprint,
     TuningWinner,
 )
-from vllm_operator.models.workload import SLO
+from vllm_operator.models.workload import SLO, Workload
 from vllm_operator.reconcile.last_benchmark import TERMINAL
 from vllm_operator.reconcile.lock import list_lock_jobs, lock_holder
 from vllm_operator.reconcile.phases import phase_conditions, phase_event, write_phase_status
@@ -594,11 +594,14 @@ def read_benchmark(
         )
     levels = st.levels or ([st.headline] if st.headline else [])
     best = best_level(levels, attainment)
-    if best is not None and st.headline is not None:
-        # The levels in status keep their P99s only (the Job's 4 KiB report); the
-        # headline, the same level when the search agrees, keeps every percentile.
-        if st.headline.rate_per_second == best.rate_per_second:
-            best = st.headline
+    # The levels in status keep their P99s only (the Job's 4 KiB report); the headline,
+    # the same level when the search agrees, keeps every percentile.
+    if (
+        best is not None
+        and st.headline is not None
+        and st.headline.rate_per_second == best.rate_per_second
+    ):
+        best = st.headline
     if best is not None:
         assert best.rate_per_second is not None
         return trial.model_copy(
@@ -754,10 +757,19 @@ def _node_of(pods: Sequence[Manifest]) -> str | None:
     return str(ready[0]["spec"]["nodeName"]) if ready else None
 
 
-def workload_hash(workload: BenchmarkWorkload | None, slo: SLO) -> str:
-    """A short digest of the workload and SLO a run measures against."""
+def workload_hash(
+    workload: BenchmarkWorkload | None, slo: SLO, declared: Workload | None = None
+) -> str:
+    """A short digest of the workload and SLO a run measures against, and of the traffic
+    the service declares (spec.workload: its lengths and peak): a result measured for a
+    service that now expects other traffic is stale even when the run's own workload was
+    given in full."""
     text = json.dumps(
-        {"workload": workload.to_wire() if workload else None, "slo": slo.to_wire()},
+        {
+            "workload": workload.to_wire() if workload else None,
+            "slo": slo.to_wire(),
+            "declared": declared.to_wire() if declared is not None else None,
+        },
         sort_keys=True,
     )
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -818,7 +830,7 @@ def fingerprint(
         interconnect=interconnect.lower() if interconnect else None,
         power_limit_watts=power,
         workload_hash=workload_hash(
-            effective_workload(tuning, target), effective_slo(tuning, target)
+            effective_workload(tuning, target), effective_slo(tuning, target), target.spec.workload
         ),
     )
 
