@@ -12,7 +12,7 @@ import pytest
 from vllm_operator.models.inference_service import TuningSpec
 from vllm_operator.models.workload import SLO, Workload
 from vllm_operator.tune_cli import main
-from vllm_operator.tuning import slo
+from vllm_operator.tuning import choose, slo
 from vllm_operator.tuning.plan import ask_of, plan
 from vllm_operator.tuning.request import context_of
 from vllm_operator.tuning.results import DoesNotFit, Plan
@@ -239,7 +239,7 @@ def test_a_measured_decode_rate_replaces_the_datasheet_fraction() -> None:
     s = slo.shaped(ask, gpu, context_of(ask), 1, 1)
     assert s is not None
     typical = context_of(ask).typical
-    predicted_rate = 1 / slo.replica_model(s.ask, s.g, s.choice.candidate).step_seconds(  # type: ignore[union-attr]
+    predicted_rate = 1 / choose.replica_model(s.ask, s.g, s.choice.candidate).step_seconds(  # type: ignore[union-attr]
         0, decodes=1, context=typical
     )
     slower = slo.Measured(decode_tokens_per_second=predicted_rate * 0.7)
@@ -277,8 +277,8 @@ def test_eager_costs_the_graph_saving_at_small_batch_only() -> None:
     graphs = slo.shaped(ask, gpu, context_of(ask), 1, 1)
     eager = slo.shaped(eager_ask, gpu, context_of(eager_ask), 1, 1)
     assert graphs is not None and eager is not None
-    rg = slo.replica_model(graphs.ask, graphs.g, graphs.choice.candidate)
-    re = slo.replica_model(eager.ask, eager.g, eager.choice.candidate)
+    rg = choose.replica_model(graphs.ask, graphs.g, graphs.choice.candidate)
+    re = choose.replica_model(eager.ask, eager.g, eager.choice.candidate)
     assert rg is not None and re is not None
     ctx = context_of(ask).typical
     one_g, one_e = (

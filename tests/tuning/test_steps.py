@@ -372,7 +372,7 @@ def test_prefill_load(setup: Setup, load: choose.PrefillLoad | None) -> None:
 def test_raise_budget(setup: Setup, budget: str | None, note: str | None) -> None:
     ask, g, ctx = setup.choices()
     c = setup.candidate()
-    load, r = choose.prefill_load(ask, g, ctx, c), choose._replica(ask, g, c)
+    load, r = choose.prefill_load(ask, g, ctx, c), choose.replica_model(ask, g, c)
     assert load is not None and r is not None and setup.slo is not None
     target = setup.slo.ttft_p99_milliseconds
     assert target is not None
@@ -401,7 +401,7 @@ def test_fixed_budget_notes(target: int, missed: bool) -> None:
     )
     ask, g, ctx = setup.choices()
     c = setup.candidate()
-    load, r = choose.prefill_load(ask, g, ctx, c), choose._replica(ask, g, c)
+    load, r = choose.prefill_load(ask, g, ctx, c), choose.replica_model(ask, g, c)
     assert load is not None and r is not None
     notes = choose.fixed_budget_notes(ask, g, r, load, target)
     assert bool(notes) is missed

@@ -39,6 +39,7 @@ from vllm_operator.tuning.performance import (
     Replica,
     TtftEstimate,
     batched_tokens_for_ttft,
+    graph_tokens,
     ttft_p99,
 )
 from vllm_operator.tuning.request import Ask, Context
@@ -296,7 +297,10 @@ def _slower_than_one_gpu(ask: Ask, g: GpuChoices, ctx: Context, c: Candidate) ->
     )
 
 
-def _replica(ask: Ask, g: GpuChoices, c: Candidate) -> Replica | None:
+def replica_model(
+    ask: Ask, g: GpuChoices, c: Candidate, *, efficiency: float | None = None
+) -> Replica | None:
+    """The step model of one replica of candidate ``c``; None without the GPU's figures."""
     gpu = g.profile
     bandwidth, flops = gpu.bandwidth_bytes_per_second, gpu.flops_per_second
     if bandwidth is None or flops is None:
@@ -315,6 +319,9 @@ def _replica(ask: Ask, g: GpuChoices, c: Candidate) -> Replica | None:
         link=c.link,
         peer_to_peer=gpu.pcie_p2p,
         activation_bytes=g.dtype_bytes,
+        eager=g.eager.value == "true",
+        graph_tokens=graph_tokens(g.seqs_target),
+        efficiency=efficiency,
     )
 
 
@@ -500,7 +507,7 @@ def meet_ttft(ask: Ask, g: GpuChoices, ctx: Context, choice: Choice) -> Choice:
             "lengths, and the p99 prompt is what sets it"
         )
         return dataclasses.replace(choice, notes=(*choice.notes, note))
-    r = _replica(ask, g, c)
+    r = replica_model(ask, g, c)
     if r is None:
         note = (
             f"TTFT P99 objective {target} ms not planned for: {g.profile.name} has no dense "

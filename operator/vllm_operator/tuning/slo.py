@@ -58,14 +58,18 @@ from typing import Final, Literal
 
 from vllm_operator.models.workload import SLO
 from vllm_operator.tuning.candidate import Candidate, GpuChoices, candidate, fits, gpu_choices
-from vllm_operator.tuning.choose import Choice, PrefillLoad, meet_ttft, prefill_load, sizes
+from vllm_operator.tuning.choose import (
+    Choice,
+    PrefillLoad,
+    meet_ttft,
+    prefill_load,
+    replica_model,
+    sizes,
+)
 from vllm_operator.tuning.gpus import GPUProfile
-from vllm_operator.tuning.memory import kv_bytes_per_token
 from vllm_operator.tuning.performance import (
     MEASURED_EFFICIENCY,
     SPEC_EFFICIENCY,
-    Replica,
-    graph_tokens,
     ttft_p99,
 )
 from vllm_operator.tuning.quantization import WeightFormat
@@ -225,34 +229,6 @@ def _efficiency(ask: Ask, g: GpuChoices, c: Candidate, measured: Measured | None
     share = MEASURED_EFFICIENCY if base.measured else SPEC_EFFICIENCY
     # Step time scales as 1 / efficiency on the memory-bound decode of one sequence.
     return share * predicted * measured.decode_tokens_per_second
-
-
-def replica_model(
-    ask: Ask, g: GpuChoices, c: Candidate, *, efficiency: float | None = None
-) -> Replica | None:
-    """The step model of one replica of candidate ``c``; None without the GPU's figures."""
-    gpu = g.profile
-    bandwidth, flops = gpu.bandwidth_bytes_per_second, gpu.flops_per_second
-    if bandwidth is None or flops is None:
-        return None
-    arch = ask.model.architecture
-    return Replica(
-        arch=arch,
-        weights_bytes=c.weights,
-        kv_bytes_per_token_gpu=kv_bytes_per_token(
-            arch, kv_dtype_bytes=c.kv_dtype_bytes, tensor_parallel=c.tp, pipeline_parallel=c.pp
-        ),
-        bandwidth_bytes_per_second=bandwidth,
-        measured=gpu.bandwidth_measured,
-        flops_per_second=flops,
-        tensor_parallel=c.tp,
-        link=c.link,
-        peer_to_peer=gpu.pcie_p2p,
-        activation_bytes=g.dtype_bytes,
-        eager=g.eager.value == "true",
-        graph_tokens=graph_tokens(g.seqs_target),
-        efficiency=efficiency,
-    )
 
 
 def _budget(g: GpuChoices) -> int:
