@@ -29,6 +29,7 @@ def test_the_crds_are_established(crds: ClusterHandle) -> None:
         "customresourcedefinition.apiextensions.k8s.io/gpunodes.inference.vllm-operator.dev",
         "customresourcedefinition.apiextensions.k8s.io/inferencebenchmarks.inference.vllm-operator.dev",
         "customresourcedefinition.apiextensions.k8s.io/inferenceservices.inference.vllm-operator.dev",
+        "customresourcedefinition.apiextensions.k8s.io/inferencetunings.inference.vllm-operator.dev",
         "customresourcedefinition.apiextensions.k8s.io/modelcaches.inference.vllm-operator.dev",
     ]
 

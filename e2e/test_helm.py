@@ -37,7 +37,14 @@ from e2e.framework import gpu_isvc, wait_for
 
 GROUP = "inference.vllm-operator.dev"
 CRDS = [
-    f"{p}.{GROUP}" for p in ("inferenceservices", "inferencebenchmarks", "gpunodes", "modelcaches")
+    f"{p}.{GROUP}"
+    for p in (
+        "inferenceservices",
+        "inferencebenchmarks",
+        "gpunodes",
+        "modelcaches",
+        "inferencetunings",
+    )
 ]
 
 
@@ -148,10 +155,7 @@ NOT_NEEDED = [
     ("delete", "deployments", "default"),
     ("create", "pods", "default"),
     ("delete", "pods", "default"),
-    ("patch", "inferenceservices", "default"),  # the spec is the user's
-    ("update", "inferenceservices", "default"),
-    ("delete", "inferenceservices", "default"),
-    ("create", "inferenceservices", "default"),
+    ("update", "inferenceservices", "default"),  # writes are server-side apply (patch) only
     ("patch", "nodes", ""),
     ("patch", "gpunodes", ""),
     ("create", "clusterrolebindings", ""),
@@ -170,6 +174,11 @@ NEEDED = [
     ("patch", "deployments", "default"),
     ("get", "secrets", "default"),
     ("patch", "inferenceservices/status", "default"),
+    # An InferenceTuning's Beside trials are InferenceServices of their own (created,
+    # applied, deleted with the trial); a user's spec is never written (e2e/test_tuning.py).
+    ("create", "inferenceservices", "default"),
+    ("patch", "inferenceservices", "default"),
+    ("delete", "inferenceservices", "default"),
     ("list", "nodes", ""),
     ("watch", "nodes", ""),  # the operator's node cache (runtime/cache.py)
     ("watch", "gpunodes", ""),
