@@ -105,6 +105,17 @@ def test_a_beside_run_measures_by_prediction_stops_a_loser_early_and_applies_the
     trial = wait_for(lambda: measuring(cluster, ns, "run"), "a trial measuring", timeout=180)
     child = f"run-{trial['name']}"
     assert fetch(cluster, ns, "vis", child) is not None
+    # The lock is the trial benchmark's load Job: held once the benchmark runs.
+    wait_for(
+        lambda: (
+            ((fetch(cluster, ns, "inferencebenchmark", child) or {}).get("status") or {}).get(
+                "phase"
+            )
+            == "Running"
+        ),
+        f"benchmark {child} running",
+        timeout=60,
+    )
     assert _scale_refused(cluster, ns, child, 0), f"{child} scaled down mid-trial"
 
     status = tuning_ended(cluster, ns, "run", timeout=420)
