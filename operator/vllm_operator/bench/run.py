@@ -9,7 +9,9 @@ spec from them). This module turns it into load levels and runs them one after a
   every concurrency of ``sweep.concurrencies`` (closed loop).
 - ``Search``: rates chosen by :class:`~vllm_operator.bench.search.RateSearch` between
   ``search.minRatePerSecond`` and ``search.maxRatePerSecond``; a probe passes when at least
-  ``search.targetAttainment`` of its requests met the SLO and the client kept up.
+  ``search.targetAttainment`` of its requests met the SLO and the client kept up. A
+  level the load client decided (neither met nor missed) is measured once more at the
+  same rate before the search moves on.
 
 Each level runs for ``durationSeconds`` and/or ``requests``. Every level sends the same
 sequence of request lengths and prompts (seeded by ``seed`` only), so levels differ only
@@ -56,6 +58,7 @@ from vllm_operator.bench.result import (
     ChaosOutcome,
     LevelOutcome,
     chaos_verdict,
+    judge,
     knee_of,
     passed,
 )
@@ -526,11 +529,38 @@ async def _run_levels(session: Session, client: LoadClient) -> Levels:
     assert spec.search is not None
     s = spec.search
     search = RateSearch(s.min_rate_per_second, s.max_rate_per_second, max_probes=s.max_probes)
-    while (rate := search.next_rate()) is not None:
-        outcome = await measure(session, client, rated(spec, rate), str(len(outcomes)))
-        outcomes.append(outcome)
-        search.record(rate, outcome.passed)
+
+    async def at(rate: float) -> LevelOutcome:
+        return await measure(session, client, rated(spec, rate), str(len(outcomes)))
+
+    # A cap on the requests in flight limits the client by design, the same way each time.
+    again = session.options.max_in_flight is None
+    await search_levels(search, at, session.judging.attainment, outcomes, again=again)
     return Levels(tuple(outcomes), search.best)
+
+
+async def search_levels(
+    search: RateSearch,
+    measure_at: Callable[[float], Awaitable[LevelOutcome]],
+    attainment: float,
+    outcomes: list[LevelOutcome],
+    *,
+    again: bool = True,
+) -> None:
+    """Probe the rates ``search`` asks for, appending each level to ``outcomes``. With
+    ``again``, a level the load client decided (``judge``: "client", neither met nor
+    missed) without waiting for a connection of its cap is measured once more at the same
+    rate, and the second verdict counts: a client starved for a few seconds on a busy node
+    says nothing about the server, and taking it as a miss would end the search at its
+    lowest rate. Both levels stay in the results."""
+    while (rate := search.next_rate()) is not None:
+        outcome = await measure_at(rate)
+        outcomes.append(outcome)
+        capped = bool(outcome.stats.requests_at_connection_cap)
+        if again and not capped and judge(outcome.stats, attainment) == "client":
+            outcome = await measure_at(rate)
+            outcomes.append(outcome)
+        search.record(rate, outcome.passed)
 
 
 async def measure(session: Session, via: LoadClient, load: Load, label: str) -> LevelOutcome:
