@@ -431,7 +431,14 @@ def test_a_chaos_sweep_against_the_real_vllm_ends_with_its_levels_and_comparison
     levels, chaos = status.get("levels") or [], status.get("chaos") or []
     assert [lv["ratePerSecond"] for lv in levels] == [2, 4, 8], levels
     for level in levels:
-        assert level["requests"] > 0 and level.get("errored", 0) == 0, level
+        # The server answered every request sent. A load Job starved beside the server on
+        # two cores may leave a few unsent (CI, 2026-12-07: 2 of 101): the level says so,
+        # as a client-limited one, and they are its only errors.
+        unsent = level.get("unsent") or 0
+        assert level["requests"] > 0 and level.get("errored", 0) == unsent, level
+        assert not level.get("errorsByKind"), level
+        if unsent:
+            assert level["clientSaturated"] and level["sloVerdict"] == "ClientLimited", level
         assert level["sloVerdict"] in ("Met", "Missed", "ClientLimited"), level
     assert [c["perturbation"].split(" ")[0] for c in chaos] == ["network", "noisy"], chaos
     for entry in chaos:
