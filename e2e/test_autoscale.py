@@ -271,20 +271,29 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
         # way: 32 clients keep 5-11 requests in the server (11.5 measured against one CPU
         # vLLM alone, ~5 in the cluster runs), the light load below 1-2 for two pods.
         timeline.mark("heavy load on the first pod (32 requests in flight at the client)")
+        # The load outlasts the wait by 10 s: a CI run (2026-12-07) saw no scale-up within
+        # 80 s of a 90 s load (the operator requests no CPU here, beside a vLLM and a load
+        # client that take both cores); the wait now allows 140 s, and the load is killed
+        # once the scale-up shows (the bench CLI has no graceful early end; its part, the
+        # scale-up, is done), so a quick scale-up costs nothing more.
         heavy = Load(
-            _url(first), tmp_path / "heavy", concurrency=32, seconds=90, tokens=200, stream=False
+            _url(first), tmp_path / "heavy", concurrency=32, seconds=150, tokens=200, stream=False
         )
         loads.append(heavy)
         try:
             wait_for(
                 lambda: heavy.check_running() and _replicas(cluster, ns, "auto") == 2,
                 "the scale-up",
-                timeout=80,
+                timeout=140,
             )
         except AssertionError as err:
-            raise AssertionError(f"{err}; {_server_load(first)}; {heavy.state()}") from None
-        timeline.mark("scaled up; the heavy load ends after its 90 s")
-        heavy.proc.wait(timeout=120)
+            auto = (fetch(cluster, ns, "vis", "auto") or {}).get("status", {}).get("autoscaling")
+            raise AssertionError(
+                f"{err}; status.autoscaling: {auto}; {_server_load(first)}; {heavy.state()}"
+            ) from None
+        timeline.mark("scaled up; the heavy load is stopped")
+        heavy.proc.kill()
+        heavy.proc.wait(timeout=30)
         # The new pod takes traffic only once warmed up; the replicas stay meanwhile (the
         # scale-down window has not passed).
         isvc = wait_for(
@@ -393,8 +402,7 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
         assert left["metadata"]["name"] == second["metadata"]["name"], (
             "the busy pod was removed instead of the idle one"
         )
-        results = [load.result(timeout=200) for load in loads]
-        results += [r for each in repeated for r in each.stop(timeout=300)]
+        results = [r for each in repeated for r in each.stop(timeout=300)]
     finally:
         for load in loads:
             if load.proc.poll() is None:
