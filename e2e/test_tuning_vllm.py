@@ -36,10 +36,10 @@ from e2e.framework import (
 )
 from e2e.real_node_fixtures import ChartOperator
 
-# Seconds per load level and most levels per search: short in CI (the run takes ~6
+# Seconds per load level and most levels per search: short in CI (the run takes ~4
 # minutes); VLLM_OP_TUNING_LEVEL_SECONDS and VLLM_OP_TUNING_PROBES set a longer run.
 LEVEL_SECONDS = int(os.environ.get("VLLM_OP_TUNING_LEVEL_SECONDS", "5"))
-PROBES = int(os.environ.get("VLLM_OP_TUNING_PROBES", "5"))
+PROBES = int(os.environ.get("VLLM_OP_TUNING_PROBES", "4"))
 # InPlace in CI. VLLM_OP_TUNING_STRATEGY=Beside runs each trial as a second server beside
 # the service: on the two-core node the two servers' CPUs leave the load Job none to
 # request, so its CPU request is then 0 (and its unsent requests bound the goodput).
@@ -60,8 +60,9 @@ def test_a_measured_run_on_the_cpu_vllm_beats_a_poor_incumbent_by_more_than_its_
 ) -> None:
     """The sample's model on the CPU vLLM image with one sequence at a time (a poor
     incumbent: every request waits for the one before to finish decoding), tuned in place
-    over three batch sizes; the incumbent is measured again at the end, and the winner
-    must beat it by more than the two incumbent runs differ."""
+    over two batch sizes; the incumbent is measured again at the end, and the winner must
+    beat it by more than the two incumbent runs differ. (Three candidates cost CI 75 s
+    more and showed nothing two do not: which of them wins varies run to run.)"""
     target: dict[str, Any] = yaml.safe_load(SAMPLE.read_text())
     target["metadata"]["name"] = "svc"
     target["spec"]["tuning"] = {"overrides": {"max-num-seqs": "1"}}
@@ -73,10 +74,9 @@ def test_a_measured_run_on_the_cpu_vllm_beats_a_poor_incumbent_by_more_than_its_
         strategy=STRATEGY,
         includeDefaults=False,
         remeasureIncumbent=True,
-        budget={"maxTrials": 5},
+        budget={"maxTrials": 4},
         candidates=[
-            {"name": "seqs-2", "overrides": {"max-num-seqs": "2"}},
-            {"name": "seqs-8", "overrides": {"max-num-seqs": "8"}},
+            {"name": "seqs-4", "overrides": {"max-num-seqs": "4"}},
             {"name": "seqs-32", "overrides": {"max-num-seqs": "32"}},
         ],
     )
@@ -103,7 +103,7 @@ def test_a_measured_run_on_the_cpu_vllm_beats_a_poor_incumbent_by_more_than_its_
     assert status["phase"] == "Succeeded", status
     names = [t["name"] for t in status["trials"]]
     # The candidates by the tuner's prediction: more sequences at once, more goodput.
-    assert names == ["incumbent", "seqs-32", "seqs-8", "seqs-2", "incumbent-again"], names
+    assert names == ["incumbent", "seqs-32", "seqs-4", "incumbent-again"], names
     first, again = trial_of(status, "incumbent"), trial_of(status, "incumbent-again")
     for t in status["trials"]:
         assert t["state"] in ("Succeeded", "StoppedEarly"), t
