@@ -33,7 +33,7 @@ from e2e.chart_fixtures import (  # noqa: F401  (fixtures, used by name)
     service_account_kubeconfig,
     token_subject,
 )
-from e2e.framework import gpu_isvc, wait_for
+from e2e.framework import benchmark, gpu_isvc, wait_for
 
 GROUP = "inference.vllm-operator.dev"
 CRDS = [
@@ -299,6 +299,70 @@ def test_the_operators_account_writes_only_its_own_objects_outside_system_namesp
     # What the operator does write passes: labelled and owned, in a user namespace.
     ok = _as_operator(chart_release, "create", "--dry-run=server", "-f", "-",
                       body=_config_map("ours", namespace, labels=True, owner=True))  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+
+
+def _trial(name: str, ns: str, owner_kind: str | None) -> dict[str, Any]:
+    """An InferenceService as a Beside tuning's trial is made: labelled, and owned by
+    ``owner_kind`` (None: by nothing)."""
+    body = gpu_isvc(name)
+    body["metadata"].update(namespace=ns, labels={"app.kubernetes.io/managed-by": "vllm-operator"})
+    if owner_kind is not None:
+        body["metadata"]["ownerReferences"] = [
+            {"apiVersion": f"{GROUP}/v1alpha1", "kind": owner_kind, "name": "t",
+             "uid": "0e5b1c1e-0000-4000-8000-000000000002", "controller": True}
+        ]  # fmt: skip
+    return body
+
+
+def test_the_operators_account_leaves_the_users_services_and_benchmarks_alone(
+    chart_release: Release, namespace: str
+) -> None:
+    """The account may create, patch and delete InferenceServices and InferenceBenchmarks
+    (a Beside tuning's trials); the policy keeps it to those: a user's own are refused,
+    their status and scale subresources are not matched (the operator writes them on every
+    service), and what it creates must be owned by an InferenceTuning."""
+    cluster = chart_release.cluster
+    cluster.apply(gpu_isvc("users"), namespace=namespace)
+    bench = benchmark("users-bench", "users", 10)
+    cluster.apply(bench, namespace=namespace)
+    assert _can_i(chart_release, "patch", "inferenceservices", namespace) == "yes"
+    assert _can_i(chart_release, "delete", "inferencebenchmarks", namespace) == "yes"
+    refusals = {
+        "changes only objects it created": [
+            _as_operator(chart_release, "patch", "vis", "users", "-n", namespace,
+                         "--type=merge", "-p", '{"spec":{"replicas":3}}'),
+            _as_operator(chart_release, "delete", "vis", "users", "-n", namespace),
+            _as_operator(chart_release, "delete", "inferencebenchmark", "users-bench",
+                         "-n", namespace),
+        ],
+        "creates only objects labelled": [
+            _as_operator(chart_release, "create", "--dry-run=server", "-f", "-",
+                         body=_trial("orphan", namespace, None)),
+        ],
+        "only as a tuning's trials": [
+            _as_operator(chart_release, "create", "--dry-run=server", "-f", "-",
+                         body=_trial("not-a-trial", namespace, "InferenceService")),
+        ],
+    }  # fmt: skip
+    for words, procs in refusals.items():
+        for proc in procs:
+            assert proc.returncode != 0 and words in proc.stderr, proc.stderr
+            assert "own-objects-only" in proc.stderr, proc.stderr
+    assert "replicas" not in cluster.kubectl_json("get", "vis", "users", "-n", namespace)["spec"]
+    cluster.kubectl("get", "inferencebenchmark", "users-bench", "-n", namespace)
+    # Its subresources are the operator's to write on a user's service.
+    status = _as_operator(chart_release, "patch", "vis", "users", "-n", namespace,
+                          "--subresource=status", "--type=merge",
+                          "-p", '{"status":{"observedGeneration":1}}')  # fmt: skip
+    assert status.returncode == 0, status.stderr
+    scale = _as_operator(chart_release, "patch", "vis", "users", "-n", namespace,
+                         "--subresource=scale", "--type=merge",
+                         "-p", '{"spec":{"replicas":2}}')  # fmt: skip
+    assert scale.returncode == 0, scale.stderr
+    # A trial passes: labelled, owned by an InferenceTuning.
+    ok = _as_operator(chart_release, "create", "--dry-run=server", "-f", "-",
+                      body=_trial("trial", namespace, "InferenceTuning"))  # fmt: skip
     assert ok.returncode == 0, ok.stderr
 
 

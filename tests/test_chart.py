@@ -545,7 +545,9 @@ def test_the_scale_down_lock_policy_covers_every_workload_and_their_scale() -> N
 
 def test_the_own_objects_policy_matches_the_operators_account_and_every_kind_it_writes() -> None:
     """Every namespaced resource the ClusterRole lets the operator write is narrowed by the
-    policy (events aside), for the chart's ServiceAccount only."""
+    policy (events aside), for the chart's ServiceAccount only; of our own kinds, those it
+    may create (a Beside tuning's trials), not the subresources it writes on every user's
+    object (status, scale) nor ModelCaches (it removes its finalizer from the users')."""
     docs = render({"rbac.deniedNamespaces": "{kube-system,team-x}"})
     policy = one(docs, "ValidatingAdmissionPolicy", OWN)
     matched = {
@@ -559,7 +561,14 @@ def test_the_own_objects_policy_matches_the_operators_account_and_every_kind_it_
         and rule["apiGroups"] != ["inference.vllm-operator.dev"]
         for r in rule["resources"]
     }
-    assert written - {"events"} == matched
+    created = {
+        r
+        for rule in role["rules"]
+        if "create" in rule["verbs"] and rule["apiGroups"] == ["inference.vllm-operator.dev"]
+        for r in rule["resources"]
+    }
+    assert created == {"inferenceservices", "inferencebenchmarks"}
+    assert (written - {"events"}) | created == matched
     (condition,) = policy["spec"]["matchConditions"]
     assert "'system:serviceaccount:vllm-system:r-vllm-operator'" in condition["expression"]
     assert '["kube-system","team-x"]' in policy["spec"]["validations"][0]["expression"]
