@@ -36,7 +36,7 @@ from e2e.framework import (
 )
 from e2e.real_node_fixtures import ChartOperator
 
-# Seconds per load level and most levels per search: short in CI (the run takes ~4
+# Seconds per load level and most levels per search: short in CI (the run takes ~3
 # minutes); VLLM_OP_TUNING_LEVEL_SECONDS and VLLM_OP_TUNING_PROBES set a longer run.
 LEVEL_SECONDS = int(os.environ.get("VLLM_OP_TUNING_LEVEL_SECONDS", "5"))
 PROBES = int(os.environ.get("VLLM_OP_TUNING_PROBES", "4"))
@@ -60,9 +60,11 @@ def test_a_measured_run_on_the_cpu_vllm_beats_a_poor_incumbent_by_more_than_its_
 ) -> None:
     """The sample's model on the CPU vLLM image with one sequence at a time (a poor
     incumbent: every request waits for the one before to finish decoding), tuned in place
-    over two batch sizes; the incumbent is measured again at the end, and the winner must
-    beat it by more than the two incumbent runs differ. (Three candidates cost CI 75 s
-    more and showed nothing two do not: which of them wins varies run to run.)"""
+    with one candidate batch size; the incumbent is measured again at the end, and the
+    candidate must beat it by more than the two incumbent runs differ. (Each trial is a
+    rollout of the CPU vLLM and a search, ~60 s of CI: the order of several candidates, the
+    early stop and the budget are in e2e/test_tuning.py on the fault server; three
+    candidates here showed nothing more, which of them won varied run to run.)"""
     target: dict[str, Any] = yaml.safe_load(SAMPLE.read_text())
     target["metadata"]["name"] = "svc"
     target["spec"]["tuning"] = {"overrides": {"max-num-seqs": "1"}}
@@ -74,11 +76,8 @@ def test_a_measured_run_on_the_cpu_vllm_beats_a_poor_incumbent_by_more_than_its_
         strategy=STRATEGY,
         includeDefaults=False,
         remeasureIncumbent=True,
-        budget={"maxTrials": 4},
-        candidates=[
-            {"name": "seqs-4", "overrides": {"max-num-seqs": "4"}},
-            {"name": "seqs-32", "overrides": {"max-num-seqs": "32"}},
-        ],
+        budget={"maxTrials": 3},
+        candidates=[{"name": "seqs-32", "overrides": {"max-num-seqs": "32"}}],
     )
     body["spec"]["measure"].update(
         workload={
@@ -102,14 +101,13 @@ def test_a_measured_run_on_the_cpu_vllm_beats_a_poor_incumbent_by_more_than_its_
     print_trials(status)
     assert status["phase"] == "Succeeded", status
     names = [t["name"] for t in status["trials"]]
-    # The candidates by the tuner's prediction: more sequences at once, more goodput.
-    assert names == ["incumbent", "seqs-32", "seqs-4", "incumbent-again"], names
+    assert names == ["incumbent", "seqs-32", "incumbent-again"], names
     first, again = trial_of(status, "incumbent"), trial_of(status, "incumbent-again")
     for t in status["trials"]:
         assert t["state"] in ("Succeeded", "StoppedEarly"), t
         assert flag_value(t["arguments"], "max-num-seqs") == t["overrides"].get("max-num-seqs", "1")
     winner = status["winner"]
-    assert winner["trial"] not in ("incumbent", "incumbent-again"), winner
+    assert winner["trial"] == "seqs-32", winner
     won = trial_of(status, winner["trial"])
     spread = (
         abs(first["measuredGoodputPerSecond"] - again["measuredGoodputPerSecond"])
