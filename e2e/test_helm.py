@@ -349,7 +349,7 @@ def test_the_operators_account_leaves_the_users_services_and_benchmarks_alone(
         for proc in procs:
             assert proc.returncode != 0 and words in proc.stderr, proc.stderr
             assert "own-objects-only" in proc.stderr, proc.stderr
-    assert "replicas" not in cluster.kubectl_json("get", "vis", "users", "-n", namespace)["spec"]
+    assert cluster.kubectl_json("get", "vis", "users", "-n", namespace)["spec"]["replicas"] == 1
     cluster.kubectl("get", "inferencebenchmark", "users-bench", "-n", namespace)
     # Its subresources are the operator's to write on a user's service.
     status = _as_operator(chart_release, "patch", "vis", "users", "-n", namespace,
