@@ -1250,3 +1250,24 @@ def test_a_trial_takes_every_percentile_from_the_headline_of_the_same_level() ->
     read = tuning_reconcile.read_benchmark(trial, bench, early_stop_at=None)
     assert read is not None and read.ttft is not None
     assert (read.ttft.p50, read.ttft.p99) == (None, 310.0)
+
+
+@pytest.mark.parametrize(
+    ("again", "state", "words"),
+    [
+        pytest.param("Missed", "StoppedEarly", "missed the SLO at 6", id="then missed: early stop"),
+        pytest.param("ClientLimited", "Failed", "load client could not keep to 6", id="twice"),
+    ],
+)
+def test_a_first_rate_the_client_decided_counts_as_its_second_measurement(
+    again: str, state: str, words: str
+) -> None:
+    """The search measures a level the load client decided once more at the same rate
+    (bench.run.search_levels): the first rate's verdict is the second measurement's."""
+    tuning = _tuning()
+    bench = _bench(
+        tuning, "seqs-8", "Succeeded", [_level(6.0, "ClientLimited"), _level(6.0, again)]
+    )
+    trial = TrialStatus(name="seqs-8", role="Candidate", state="Measuring")
+    read = tuning_reconcile.read_benchmark(trial, bench, early_stop_at=6.0)
+    assert read is not None and read.state == state and words in (read.reason or ""), read

@@ -613,7 +613,14 @@ def read_benchmark(
                 **_figures(best),
             }
         )
-    first = next((lv for lv in levels if lv.rate_per_second is not None), None)
+    rated = [lv for lv in levels if lv.rate_per_second is not None]
+    # The search's first rate, as its last measurement there left it: a level the load
+    # client decided is measured again at the same rate (bench.run.search_levels).
+    first = (
+        [lv for lv in rated if lv.rate_per_second == rated[0].rate_per_second][-1]
+        if rated
+        else None
+    )
     figures = _figures(first) if first is not None else {}
     if first is None:
         return trial.model_copy(
