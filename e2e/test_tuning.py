@@ -75,6 +75,24 @@ def _scale_refused(cluster: ClusterHandle, ns: str, name: str, replicas: int) ->
 # --------------------------------------------------------------------------- fault server
 
 
+def _measured_from(cluster: ClusterHandle, ns: str, name: str, *, applied: bool) -> Any:
+    """The InferenceService's ``status.measuredFrom`` once its ``applied`` is ``applied``.
+    The status is written after the Deployment, in the same reconcile a moment later: a
+    test that saw the arguments change waits for it rather than reading it once (a CI run
+    read the old one, 2026-12-07)."""
+    seen: list[Any] = [None]
+
+    def said() -> Any:
+        status = (fetch(cluster, ns, "vis", name) or {}).get("status") or {}
+        seen.append(status.get("measuredFrom"))
+        return seen[-1] and bool(seen[-1].get("applied")) == applied and seen[-1]
+
+    try:
+        return wait_for(said, f"status.measuredFrom with applied {applied}", timeout=30)
+    except AssertionError as err:
+        raise AssertionError(f"{err}; status.measuredFrom: {seen[-1]}") from None
+
+
 def test_a_beside_run_measures_by_prediction_stops_a_loser_early_and_applies_the_winner(
     cluster: ClusterHandle, real_images: Images, chart_operator: ChartOperator, ns: str
 ) -> None:
@@ -165,8 +183,8 @@ def test_a_beside_run_measures_by_prediction_stops_a_loser_early_and_applies_the
     )
     isvc = fetch(cluster, ns, "vis", "svc") or {}
     assert isvc["spec"]["tuning"]["overrides"] == {"max-num-seqs": "4"}
-    measured = isvc["status"]["measuredFrom"]
-    assert measured["name"] == "run" and measured["trial"] == "fast" and measured["applied"]
+    measured = _measured_from(cluster, ns, "svc", applied=True)
+    assert measured["name"] == "run" and measured["trial"] == "fast", measured
 
     # The workload the result was measured for changes: the result is stale, and the
     # target goes back to its own arguments.
@@ -189,8 +207,10 @@ def test_a_beside_run_measures_by_prediction_stops_a_loser_early_and_applies_the
         "the target back on its own arguments",
         timeout=120,
     )
-    measured = (fetch(cluster, ns, "vis", "svc") or {})["status"]["measuredFrom"]
-    assert not measured["applied"] and "stale" in measured["reason"].lower(), measured
+    # The status is written after the Deployment (the same reconcile, a moment later):
+    # the test waits for it rather than reading it once the arguments changed.
+    measured = _measured_from(cluster, ns, "svc", applied=False)
+    assert "stale" in measured["reason"].lower(), measured
 
 
 def test_bad_input_is_named_and_starts_nothing(
