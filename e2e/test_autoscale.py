@@ -205,6 +205,24 @@ def _events_and_log(cluster: ClusterHandle, ns: str, operator: ChartOperator) ->
     return f"events: {listed or 'none'}; operator: " + " | ".join(lines[-20:])
 
 
+def _operator_state(cluster: ClusterHandle, operator: ChartOperator) -> str:
+    """The operator pod's restarts and its last autoscaler lines (when it read, what it
+    read): a scale-up that does not come is judged by them."""
+    pods = fetch(cluster, operator.namespace, "pods", "-l", "app.kubernetes.io/component=operator")
+    restarts = [
+        (
+            p["metadata"]["name"],
+            [c.get("restartCount") for c in p["status"].get("containerStatuses") or []],
+        )
+        for p in (pods or {}).get("items", [])
+    ]
+    log = cluster.kubectl(
+        "logs", "-n", operator.namespace, operator.pod["metadata"]["name"], check=False
+    ).stdout
+    lines = [line for line in log.splitlines() if "utoscal" in line or "arn" in line]
+    return f"operator pods (restarts): {restarts}; its last lines: " + " | ".join(lines[-15:])
+
+
 def _server_load(pod: dict[str, Any]) -> str:
     """What the pod's vLLM itself says it runs and queues now, read by the test, beside
     what the operator read (the timeline)."""
@@ -268,16 +286,20 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
         # Heavy load on the only pod until the autoscaler asks for more. Not streamed: it is
         # the server's load that counts, and the client shares two cores with everything.
         # Target 3 sits between the two loads with a margin of one request or more each
-        # way: 32 clients keep 5-11 requests in the server (11.5 measured against one CPU
-        # vLLM alone, ~5 in the cluster runs), the light load below 1-2 for two pods.
-        timeline.mark("heavy load on the first pod (32 requests in flight at the client)")
-        # The load outlasts the wait by 10 s: a CI run (2026-12-07) saw no scale-up within
-        # 80 s of a 90 s load (the operator requests no CPU here, beside a vLLM and a load
-        # client that take both cores); the wait now allows 140 s, and the load is killed
+        # way: 8 clients of long requests keep the server's 6 sequences (the sample's
+        # max-num-seqs) running, the light load below 1-2 for two pods.
+        # Few, long requests rather than many short ones: the load client's CPU goes with
+        # its request rate, and on the two cores it starves the operator (a pod that asks
+        # for no CPU here, so its share is the smallest on the node). A CI run (2026-12-07)
+        # with 32 clients of 200 tokens read "RequestsRunning 1" for 140 s while its
+        # client ran 10 req/s; 8 clients of 400 tokens (prompt 32 + 400 within the
+        # sample's max-model-len of 512) ask half that rate of the client.
+        timeline.mark("heavy load on the first pod (8 long requests in flight at the client)")
+        # The load outlasts the wait by 10 s; the wait allows 140 s, and the load is killed
         # once the scale-up shows (the bench CLI has no graceful early end; its part, the
         # scale-up, is done), so a quick scale-up costs nothing more.
         heavy = Load(
-            _url(first), tmp_path / "heavy", concurrency=32, seconds=150, tokens=200, stream=False
+            _url(first), tmp_path / "heavy", concurrency=8, seconds=150, tokens=400, stream=False
         )
         loads.append(heavy)
         try:
@@ -289,7 +311,8 @@ def test_vllm_load_scales_up_a_benchmark_holds_and_the_least_loaded_pod_goes(
         except AssertionError as err:
             auto = (fetch(cluster, ns, "vis", "auto") or {}).get("status", {}).get("autoscaling")
             raise AssertionError(
-                f"{err}; status.autoscaling: {auto}; {_server_load(first)}; {heavy.state()}"
+                f"{err}; status.autoscaling: {auto}; {_server_load(first)}; {heavy.state()}; "
+                f"{_operator_state(cluster, chart_operator)}"
             ) from None
         timeline.mark("scaled up; the heavy load is stopped")
         heavy.proc.kill()
