@@ -1,9 +1,11 @@
 """A pytest plugin: one summary line per test tier after every run.
 
-``make test`` runs the unit, real-vLLM and cluster tiers in one pytest process and the
-timing tier in another; CI's log then shows, per tier, how many tests passed, failed and
-were skipped and the seconds they took (setup, call and teardown added up), so a tier that
-skipped or slowed down is seen at a glance. Registered in pyproject.toml (``-p``).
+``make test`` runs the unit tier in one pytest process (on pytest-xdist workers: the
+reports reach this plugin in the controlling process), the real-vLLM and cluster tiers in
+a second and the timing tier in a third; CI's log then shows, per tier, how many tests
+passed, failed and were skipped and the seconds they took (setup, call and teardown added
+up), so a tier that skipped or slowed down is seen at a glance. Registered in
+pyproject.toml (``-p``).
 
 A test's tier is its marker: ``timing``, ``cluster`` (every test under e2e/), ``vllm``,
 else ``unit``. Markers, not keywords: a test's keywords hold its folders' names too, and
