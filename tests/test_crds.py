@@ -147,3 +147,32 @@ def test_printer_columns_and_names() -> None:
         assert found["jsonPath"] == path
         status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
         assert path.split(".")[-1] in status
+
+
+def test_out_dash_writes_every_crd_to_standard_output(capsys: pytest.CaptureFixture[str]) -> None:
+    """`vllm-operator crds --out - | kubectl apply -f -`: one YAML stream, nothing written."""
+    import yaml
+
+    assert main(["crds", "--out", "-"]) == 0
+    docs = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert docs == [yaml.safe_load(text) for text in crd_files().values()]
+    assert not Path("-").exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "said", "code"),
+    [
+        (["--check", "--out", "{tmp}/none"], "--out {tmp}/none: no such folder", 2),
+        (["--check", "--out", "-"], "--check needs a folder to check, not -", 2),
+        (["--out", "{tmp}/file/crds"], "--out {tmp}/file/crds: Not a directory", 1),
+    ],
+    ids=["check a missing folder", "check standard output", "write under a file"],
+)
+def test_a_folder_it_cannot_use_is_one_line(
+    argv: list[str], said: str, code: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "file").write_text("")
+    assert main(["crds", *(a.format(tmp=tmp_path) for a in argv)]) == code
+    captured = capsys.readouterr()
+    assert captured.err == f"vllm-operator crds: {said.format(tmp=tmp_path)}\n"
+    assert captured.out == ""

@@ -1,4 +1,5 @@
-"""A start that fails ends the process with exit code 1 and one line saying why.
+"""A start that fails ends the process with exit code 1 and one line saying why (2 when the
+credentials are unusable, checked before anything starts).
 
 Before, Kopf retried a failing startup handler every 60 s and watched nothing meanwhile,
 and an apiserver without the CRDs got a warning from Kopf and a process that lived on,
@@ -83,11 +84,42 @@ def apiserver_without_crds() -> Iterator[int]:
     server.server_close()
 
 
-def test_an_unreadable_kubeconfig_exits_1_naming_the_file(tmp_path: Path) -> None:
-    missing = tmp_path / "no-such-kubeconfig"
-    code, output = run_until_exit(missing, tmp_path)
-    assert code == 1, output
-    assert f"The operator stopped: kubeconfig {missing}: No such file or directory" in output
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        (None, "cannot use kubeconfig {path}: No such file or directory"),
+        ("apiVersion: v1\nclusters: [\n", "kubeconfig {path} is not YAML: "),
+        ("apiVersion: v1\nkind: Config\n", "cannot use kubeconfig {path}: Invalid kube-config"),
+    ],
+    ids=["missing", "not YAML", "no context"],
+)
+def test_an_unusable_kubeconfig_is_one_line_naming_the_file_and_exit_2(
+    tmp_path: Path, text: str | None, said: str
+) -> None:
+    """Checked before Kopf starts: no traceback, no warning of Kopf's, one line."""
+    path = tmp_path / "kubeconfig"
+    if text is not None:
+        path.write_text(text)
+    code, output = run_until_exit(path, tmp_path)
+    assert code == 2, output
+    assert output.startswith("vllm-operator run: " + said.format(path=path)), output
+    assert output.count("\n") == 1, output
+    if text == "apiVersion: v1\nclusters: [\n":
+        assert "(line 3, column 1)" in output, output
+
+
+def test_no_credentials_at_all_says_where_it_looked_and_exits_2(tmp_path: Path) -> None:
+    """No --kubeconfig, no KUBECONFIG, no ~/.kube/config and not a pod."""
+    proc = subprocess.run(
+        [str(ENTRY), "run", "--metrics-port", "0", "--health-port", "0"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=WATCHDOG_S, check=False,
+        env={k: v for k, v in stripped_env(HOME=str(tmp_path)).items()
+             if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")},
+    )  # fmt: skip
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 2, output
+    assert output.startswith("vllm-operator run: no credentials: ~/.kube/config"), output
+    assert "give --kubeconfig or set KUBECONFIG" in output and output.count("\n") == 1, output
 
 
 def test_an_apiserver_without_the_crds_exits_1_naming_them(

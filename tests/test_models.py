@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import pytest
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from tests.catalog import invalid_cases, valid_bases
 from vllm_operator.models import GPUNode, InferenceBenchmark, InferenceService, InferenceTuning
@@ -90,3 +91,33 @@ def test_gpu_count_accepts_auto_and_numbers() -> None:
     for count in ("auto", 1, 8, 16):
         doc = {**base, "spec": {**base["spec"], "gpu": {"count": count}}}
         assert InferenceService.model_validate(doc).spec.gpu.count == count
+
+
+def test_field_errors_name_each_field_as_kubernetes_writes_it() -> None:
+    """One entry per field, list items by index, a union's members left out of the path
+    and their reasons joined; past the limit, how many more."""
+    from vllm_operator.models.base import field_errors
+
+    with pytest.raises(ValidationError) as caught:
+        _Spec.model_validate({"count": "lots", "items": [{"name": "a"}, {}], "size": "x"})
+    assert field_errors(caught.value) == (
+        "count: Input should be a valid integer, unable to parse string as an integer or "
+        "Input should be 'auto'; items[1].name: Field required; "
+        "size: Input should be a valid integer, unable to parse string as an integer"
+    )
+    assert field_errors(caught.value, limit=1).endswith("; and 2 more")
+    with pytest.raises(ValidationError) as whole:
+        _Item.model_validate(["not", "a", "mapping"])
+    assert field_errors(whole.value, whole="(record)") == (
+        "(record): Input should be a valid dictionary or instance of _Item"
+    )
+
+
+class _Item(BaseModel):
+    name: str
+
+
+class _Spec(BaseModel):
+    count: int | Literal["auto"]
+    items: list[_Item]
+    size: int

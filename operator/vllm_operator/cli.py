@@ -25,8 +25,17 @@ def crd_files() -> dict[str, str]:
 
 
 def _cmd_crds(args: argparse.Namespace) -> int:
-    out = Path(args.out)
     files = crd_files()
+    if args.out == "-":
+        if args.check:
+            print("vllm-operator crds: --check needs a folder to check, not -", file=sys.stderr)
+            return 2
+        sys.stdout.write("---\n".join(files.values()))
+        return 0
+    out = Path(args.out)
+    if args.check and not out.is_dir():
+        print(f"vllm-operator crds: --out {out}: no such folder", file=sys.stderr)
+        return 2
     if args.check:
         stale = [
             name
@@ -46,10 +55,14 @@ def _cmd_crds(args: argparse.Namespace) -> int:
             return 1
         print(f"CRDs in {out} are current.")
         return 0
-    out.mkdir(parents=True, exist_ok=True)
-    for name, text in files.items():
-        (out / name).write_text(text)
-        print(f"Wrote {out / name}.")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            (out / name).write_text(text)
+            print(f"Wrote {out / name}.")
+    except OSError as err:
+        print(f"vllm-operator crds: --out {out}: {err.strerror or err}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -71,10 +84,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
         }.items()
         if value is not None
     }
+    from vllm_operator.models.base import field_errors
+
     try:
         settings = OperatorSettings(**overrides)
     except ValidationError as err:
-        print(f"vllm-operator run: invalid settings: {err}", file=sys.stderr)
+        print(f"vllm-operator run: invalid settings: {field_errors(err)}", file=sys.stderr)
+        return 2
+    from vllm_operator.k8s.client import credentials_problem
+
+    problem = credentials_problem(settings.kubeconfig)
+    if problem is not None:
+        print(f"vllm-operator run: {problem}", file=sys.stderr)
         return 2
     from vllm_operator.handlers.operator import run
 
@@ -103,16 +124,34 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    crds = sub.add_parser("crds", help="Write the CRDs generated from the API models.")
-    crds.add_argument("--out", default="crds", help="Folder to write into (default: crds).")
+    crds = sub.add_parser(
+        "crds",
+        help="Write the CRDs generated from the API models.",
+        description="Write the CustomResourceDefinitions generated from the API models, one "
+        "file per kind, or check that a folder holds them as generated. "
+        "`vllm-operator crds --out - | kubectl apply -f -` installs them without the chart.",
+    )
     crds.add_argument(
-        "--check", action="store_true", help="Only check the folder is current; exit 1 if not."
+        "--out",
+        default="crds",
+        help="Folder to write into (default: crds); - writes them to standard output.",
+    )
+    crds.add_argument(
+        "--check",
+        action="store_true",
+        help="Only check the folder is current; exit 1 if not, 2 if there is no such folder.",
     )
     crds.set_defaults(func=_cmd_crds)
 
     run = sub.add_parser(
         "run",
         help="Run the operator (settings from VLLM_OPERATOR_* variables; flags override).",
+        description="Run the operator until SIGINT or SIGTERM: it watches InferenceServices, "
+        "InferenceBenchmarks, InferenceTunings and ModelCaches and reconciles what they "
+        "ask for. Settings come from VLLM_OPERATOR_* variables (the chart sets them); the "
+        "flags override them. Credentials: --kubeconfig, else KUBECONFIG or "
+        "~/.kube/config, else the pod's service account; unusable ones are named before "
+        "anything starts (exit 2).",
     )
     run.add_argument(
         "--namespace",

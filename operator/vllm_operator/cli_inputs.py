@@ -23,6 +23,7 @@ from vllm_operator.constants import (
     NODE_LABEL_NETWORK,
     NODE_LABEL_NETWORK_GBPS,
 )
+from vllm_operator.models.base import field_errors
 from vllm_operator.models.gpu_node import GPUNode
 from vllm_operator.models.inference_service import InferenceService
 from vllm_operator.tuning import gpus
@@ -111,7 +112,7 @@ def read_service(path: str) -> InferenceService:
     try:
         return InferenceService.model_validate(read_yaml(path, "InferenceService"))
     except ValidationError as exc:
-        raise InputError(f"{path} is not an InferenceService: {exc}") from exc
+        raise InputError(f"{path} is not an InferenceService: {field_errors(exc)}") from None
 
 
 def read_measurements(path: str) -> Measurements:
@@ -154,7 +155,7 @@ def gpu_node(args: argparse.Namespace) -> GPUNode | None:
     try:
         return GPUNode.model_validate(data)
     except ValidationError as exc:
-        raise InputError(f"{args.gpu_node} is not a GPUNode: {exc}") from exc
+        raise InputError(f"{args.gpu_node} is not a GPUNode: {field_errors(exc)}") from None
 
 
 def _gpus(args: argparse.Namespace) -> gpus.GPUProfile:

@@ -65,7 +65,7 @@ from vllm_operator.constants import (
     NODE_LABEL_GPU_PRODUCT,
 )
 from vllm_operator.models import InferenceService
-from vllm_operator.models.base import Manifest
+from vllm_operator.models.base import Manifest, field_errors
 from vllm_operator.models.inference_service import EffectiveTuning
 from vllm_operator.models.model_cache import ModelCache
 from vllm_operator.reconcile.cache_use import cache_name_of
@@ -187,7 +187,8 @@ def _cache(args: argparse.Namespace, isvc: InferenceService) -> Manifest | None:
     try:
         ModelCache.model_validate(found[0])
     except ValidationError as exc:
-        raise InputError(f"{args.service}: ModelCache {name} is invalid: {exc}") from exc
+        why = field_errors(exc)
+        raise InputError(f"{args.service}: ModelCache {name} is invalid: {why}") from None
     return assume_downloaded(found[0])
 
 
@@ -264,7 +265,7 @@ def _settings(args: argparse.Namespace) -> OperatorSettings:
     try:
         return OperatorSettings(**overrides)
     except ValidationError as exc:
-        raise InputError(f"invalid operator settings: {exc}") from exc
+        raise InputError(f"invalid operator settings: {field_errors(exc)}") from None
 
 
 def render(args: argparse.Namespace) -> tuple[Preview, GPUProfile]:
@@ -410,7 +411,8 @@ def run_from_args(args: argparse.Namespace, out: TextIO | None = None) -> int:
     try:
         preview, profile = render(args)
     except (InputError, ValidationError) as exc:
-        print(f"vllm-operator render: {exc}", file=sys.stderr)
+        why = field_errors(exc) if isinstance(exc, ValidationError) else str(exc)
+        print(f"vllm-operator render: {why}", file=sys.stderr)
         return EXIT_USAGE
     if preview.planned.does_not_fit is not None:
         _does_not_fit(preview, sys.stderr)

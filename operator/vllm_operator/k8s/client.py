@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 import aiohttp
+import yaml
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -88,6 +89,46 @@ async def load_config(kubeconfig: str | None = None) -> client.ApiClient:
             raise
         config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     return client.ApiClient(configuration=configuration)
+
+
+def credentials_problem(kubeconfig: str | None) -> str | None:
+    """Why the operator could not talk to a cluster with these credentials (read as it
+    reads them: the file given, else KUBECONFIG or ~/.kube/config, else the pod's service
+    account), or None. `vllm-operator run` checks them before Kopf starts, which otherwise
+    stops on them with its own tracebacks and warnings around the one line that matters."""
+
+    async def load() -> None:
+        api = await load_config(kubeconfig)
+        await api.close()
+
+    where = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+    # The loader warns "Config not found" before falling back to the service account: the
+    # line below says it, once.
+    quiet = logging.getLogger("kubernetes_asyncio.config.kube_config")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        asyncio.run(load())
+    except yaml.YAMLError as err:
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        return f"kubeconfig {where} is not YAML: {first} ({_mark(err)})"
+    except (config.ConfigException, OSError, ValueError, TypeError, KeyError) as err:
+        if kubeconfig:
+            why = str(err).removeprefix(f"kubeconfig {kubeconfig}: ")
+            return f"cannot use kubeconfig {kubeconfig}: {why}"
+        return (
+            f"no credentials: {where} does not give a usable context and this is not a pod "
+            f"with a service account ({err}); give --kubeconfig or set KUBECONFIG"
+        )
+    finally:
+        quiet.setLevel(level)
+    return None
+
+
+def _mark(err: Exception) -> str:
+    """Where in the file a YAML error is, as its line and column."""
+    mark = getattr(err, "problem_mark", None)
+    return f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "?"
 
 
 def _path(

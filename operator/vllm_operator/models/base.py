@@ -8,13 +8,54 @@ silently drop a typo).
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Annotated, Any, Final, Literal, TypeAlias, cast
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema
 from pydantic.config import JsonDict
 
 from vllm_operator.models.quantity import parse_quantity
+
+# The validation library's names for the members of a union, which it puts in an error's
+# location after the field: int, str, literal['auto'], function-after[...], a model's class.
+_UNION_MEMBER = re.compile(r"^(int|str|float|bool|none|list|dict|[a-z-]+\[.*\]|[A-Z][A-Za-z0-9]*)$")
+
+
+def field_path(loc: Sequence[int | str]) -> str:
+    """A field's location as Kubernetes writes it: ``spec.adapters[0].name`` (a union's
+    member names left out)."""
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif not _UNION_MEMBER.match(part):
+            path += f".{part}" if path else part
+    return path
+
+
+def field_errors(
+    err: ValidationError, *, limit: int | None = None, whole: str = "(top level)"
+) -> str:
+    """A refusal as a user reads it: each field's path and what is wrong with it (a field
+    that matched no member of a union: each member's reason, joined by "or"), joined by
+    "; ", without the validation library's error codes, input echoes and links. Past
+    ``limit`` fields, how many more there are; ``whole``: the name of an error of the
+    object itself (no field)."""
+    by_field: dict[str, list[str]] = {}
+    for e in err.errors():
+        why = str(e["msg"]).removeprefix("Value error, ")
+        reasons = by_field.setdefault(field_path(e["loc"]) or whole, [])
+        if why not in reasons:
+            reasons.append(why)
+    fields = list(by_field.items())
+    shown = fields if limit is None else fields[:limit]
+    text = "; ".join(f"{path}: {' or '.join(reasons)}" for path, reasons in shown)
+    if len(fields) > len(shown):
+        text += f"; and {len(fields) - len(shown)} more"
+    return text
+
 
 # A size in bytes as a Kubernetes quantity ("64Gi", "1.5G"). Kept as the string the user
 # wrote; the schema marks it int-or-string as Kubernetes' own types do. More than 0 and at

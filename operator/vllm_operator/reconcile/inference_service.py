@@ -37,7 +37,7 @@ from vllm_operator.constants import (
 from vllm_operator.k8s.api import ApiError, ClusterAPI, apply_status
 from vllm_operator.k8s.measurements import StoredMeasurements
 from vllm_operator.models import InferenceService, InferenceServiceStatus
-from vllm_operator.models.base import Manifest
+from vllm_operator.models.base import Manifest, field_errors
 from vllm_operator.models.conditions import condition, find
 from vllm_operator.models.inference_service import (
     BenchmarkSummary,
@@ -782,9 +782,7 @@ async def _write_stalled(
 async def _invalid(api: ClusterAPI, body: Manifest, err: ValidationError, now: datetime) -> None:
     """A stored object the models reject (admission was bypassed or the CRD is older):
     say so in status and stop; nothing is rendered from a spec we cannot read."""
-    fields = "; ".join(
-        f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()[:5]
-    )
+    fields = field_errors(err, limit=5)
     message = f"The spec is invalid: {fields}"
     await _write_stalled(api, body, "InvalidSpec", message, now, observed=True)
 

@@ -42,7 +42,7 @@ from vllm_operator.constants import (
 )
 from vllm_operator.k8s.api import ClusterAPI
 from vllm_operator.models import ModelCache, ModelCacheStatus
-from vllm_operator.models.base import Condition, Manifest
+from vllm_operator.models.base import Condition, Manifest, field_errors
 from vllm_operator.models.conditions import find, manifest_condition
 from vllm_operator.reconcile.cache_use import progress_text, size_text
 from vllm_operator.reconcile.jobs import job_pods_selector, job_state, report_of
@@ -213,9 +213,7 @@ def invalid_step(body: Manifest, err: ValidationError, now: datetime) -> Step:
         return Step(finalizer=False) if _finalized(body) else Step()
     old = _stored(body)
     gen = meta.get("generation")
-    fields = "; ".join(
-        f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()[:5]
-    )
+    fields = field_errors(err, limit=5)
     invalid = ModelCacheStatus(
         observed_generation=gen,
         phase="Failed",

@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime
 from typing import Any, Final, Literal
 
@@ -33,7 +33,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from vllm_operator.constants import MEASUREMENTS_CONFIG_MAP
-from vllm_operator.models.base import ApiModel, Manifest
+from vllm_operator.models.base import ApiModel, Manifest, field_errors
 from vllm_operator.models.workload import SLO
 from vllm_operator.releases.version import Version, version_of_image
 from vllm_operator.tuning.gpus import match_product
@@ -253,13 +253,6 @@ def _location(index: int, key: str | None) -> str:
     return f"record {index}" + (f" (data.{key})" if key is not None else "")
 
 
-def _field(loc: Sequence[int | str]) -> str:
-    path = ""
-    for part in loc:
-        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
-    return path
-
-
 def _record(raw: Any, index: int, key: str | None) -> Measurement:
     where = _location(index, key)
     if not isinstance(raw, Mapping):
@@ -267,10 +260,7 @@ def _record(raw: Any, index: int, key: str | None) -> Measurement:
     try:
         return Measurement.model_validate(raw)
     except ValidationError as exc:
-        problems = [
-            f"{_field(error['loc']) or '(record)'}: {error['msg']}" for error in exc.errors()
-        ]
-        raise MeasurementsError(f"{where}: {'; '.join(problems)}") from None
+        raise MeasurementsError(f"{where}: {field_errors(exc, whole='(record)')}") from None
 
 
 @dataclasses.dataclass(frozen=True)
