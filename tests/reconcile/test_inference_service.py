@@ -194,6 +194,11 @@ async def test_ready_once_the_deployment_reports_ready_replicas_and_the_service_
     assert outcome.ready
     assert _condition(api, body, "Ready")["status"] == "True"
     assert ("AllReplicasReady", "1 of 1 replicas are ready.", False) in api.events
+    # The way to Ready is expected progress: Normal events, not Warnings.
+    assert [(e[0], e[2]) for e in api.events] == [
+        ("AwaitingEndpoints", False),
+        ("AllReplicasReady", False),
+    ]
 
 
 async def test_scaling_does_not_change_the_pod_template() -> None:

@@ -787,9 +787,19 @@ async def _invalid(api: ClusterAPI, body: Manifest, err: ValidationError, now: d
     await _write_stalled(api, body, "InvalidSpec", message, now, observed=True)
 
 
-# Condition reasons of status False that are news, not warnings: a tuning still running,
-# and a winner no better than the arguments in force.
-_NOT_WARNINGS: Final = ("TuningNotFinished", "NotDistinguishable")
+# Condition reasons of status False that are news, not warnings (Kubernetes' convention:
+# Normal for an expected transition, Warning for what needs attention): a service on its
+# way to Ready (created, rolling out, warming up, waiting for its endpoints or its model
+# cache), a tuning still running, and a winner no better than the arguments in force.
+_NOT_WARNINGS: Final = (
+    "Creating",
+    "RollingOut",
+    "WarmingUp",
+    "AwaitingEndpoints",
+    "WaitingForModel",
+    "TuningNotFinished",
+    "NotDistinguishable",
+)
 
 
 async def _events(
