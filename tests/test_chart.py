@@ -441,7 +441,7 @@ def test_the_operator_runs_once_with_recreate_and_liveness_and_readiness_probes(
     assert container["args"] == ["run"]
     probe = container["livenessProbe"]
     assert probe["httpGet"] == {"path": "/healthz", "port": "health"}
-    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"metrics": 8080, "health": 8081}
     assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]

@@ -150,3 +150,37 @@ async def test_the_endpoint_answers_200_or_503_with_the_reason() -> None:
             assert bad.json() == {"status": "stuck", "reason": reason[0]}
     finally:
         await server.close()
+
+
+async def test_ready_means_healthy_and_the_caches_filled() -> None:
+    """/readyz: 503 "starting" with the reason while not ready, 503 "stuck" while stuck
+    (whatever readiness says), 200 once both are fine; /healthz ignores readiness."""
+    stuck_reason: list[str | None] = [None]
+    starting: list[str | None] = ["the first LISTs of Pod have not all been answered yet"]
+    server = HealthServer(
+        lambda: stuck_reason[0], ready=lambda: starting[0], host="127.0.0.1", port=0
+    )
+    await server.start()
+    try:
+        async with httpx.AsyncClient(timeout=DEADLINE_S) as client:
+            base = f"http://127.0.0.1:{server.port}"
+            early = await client.get(f"{base}/readyz")
+            assert early.status_code == 503
+            assert early.json() == {"status": "starting", "reason": starting[0]}
+            assert (await client.get(f"{base}/healthz")).status_code == 200
+            starting[0] = None
+            ready = await client.get(f"{base}/readyz")
+            assert ready.status_code == 200 and ready.json() == {"status": "ok"}
+            stuck_reason[0] = "work has waited 90 s and nothing completed for 90 s"
+            gone = await client.get(f"{base}/readyz")
+            assert gone.status_code == 503 and gone.json()["status"] == "stuck"
+    finally:
+        await server.close()
+
+
+async def test_the_runtime_is_ready_once_every_cache_was_listed() -> None:
+    api = RecordingCluster()
+    runtime = Runtime(settings=OperatorSettings(), api=api, http=PodClient())
+    assert "Node, GPUNode" in (runtime.readiness() or "")
+    await runtime.fill_caches()
+    assert runtime.readiness() is None

@@ -192,7 +192,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     memo.runtime = Runtime(settings=ours, api=kube)
     memo.runtime.start()
     if ours.health_port:
-        memo.health = HealthServer(memo.runtime.health, port=ours.health_port)
+        memo.health = HealthServer(
+            memo.runtime.health, ready=memo.runtime.readiness, port=ours.health_port
+        )
         await memo.health.start()
     log.info("Started the vllm-operator.", extra={"namespaces": ours.namespaces or "all"})
 

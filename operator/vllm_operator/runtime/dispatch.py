@@ -219,6 +219,16 @@ class Runtime:
             self.unreachable.add(key)
         return self.queue.backoff(key)
 
+    def readiness(self) -> str | None:
+        """Why the operator is not ready yet (the first LISTs of its caches not all
+        answered), or None."""
+        missing = [kind for kind in WATCHED if kind not in self.store.ready]
+        if not (self.nodes.ready and self.gpu_nodes.ready):
+            missing = ["Node", "GPUNode", *missing]
+        if missing:
+            return f"the first LISTs of {', '.join(missing)} have not all been answered yet"
+        return None
+
     def health(self, now: float | None = None) -> str | None:
         """Why the work loop is stuck (runtime/health.py says what that means), or None."""
         now = time.monotonic() if now is None else now

@@ -1,4 +1,5 @@
-"""Liveness: whether the work loop makes progress, and the ``/healthz`` endpoint that says so.
+"""Liveness: whether the work loop makes progress, and the ``/healthz`` endpoint that says so;
+readiness (``/readyz``): that, and the caches filled by their first LISTs.
 
 A stuck operator is one where work waits and nothing completes: a key has been due, or
 its reconcile running, or the resync overdue, for longer than the bound, and no
@@ -44,10 +45,17 @@ def stuck(
 
 
 class HealthServer:
-    """``GET /healthz``: 200 while ``check`` finds nothing wrong, else 503 with the reason."""
+    """``GET /healthz``: 200 while ``check`` finds nothing wrong, else 503 with the reason.
+    ``GET /readyz``: the same, and 503 with the reason while ``ready`` finds the operator
+    not ready yet (its caches not filled: it would reconcile from reads of its own). The
+    kubelet restarts the pod on the first, takes it out of ``kubectl rollout status`` and
+    ``helm --wait`` on the second."""
 
-    def __init__(self, check: Check, *, host: str = "0.0.0.0", port: int) -> None:
+    def __init__(
+        self, check: Check, *, ready: Check | None = None, host: str = "0.0.0.0", port: int
+    ) -> None:
         self._check = check
+        self._ready = ready if ready is not None else lambda: None
         self._host = host
         self.port = port
         self._runner: web.AppRunner | None = None
@@ -63,9 +71,22 @@ class HealthServer:
             content_type="application/json",
         )
 
+    async def _readyz(self, request: web.Request) -> web.Response:
+        if self._check() is not None:
+            return await self._healthz(request)
+        reason = self._ready()
+        if reason is None:
+            return web.Response(text=json.dumps({"status": "ok"}), content_type="application/json")
+        return web.Response(
+            status=503,
+            text=json.dumps({"status": "starting", "reason": reason}),
+            content_type="application/json",
+        )
+
     async def start(self) -> None:
         app = web.Application()
         app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await self._runner.setup()
         await web.TCPSite(self._runner, self._host, self.port).start()
