@@ -113,6 +113,25 @@ def test_field_errors_name_each_field_as_kubernetes_writes_it() -> None:
     )
 
 
+def test_the_values_users_read_in_status_are_each_described() -> None:
+    """Every error kind the load client records and every clock event reason the node
+    agent reports is named in its field's description (so in kubectl explain and
+    docs/reference.md)."""
+    from vllm_operator.agent.readings import CLOCK_EVENT_GPU_IDLE, CLOCK_EVENT_REASONS
+    from vllm_operator.bench import records
+    from vllm_operator.models.gpu_node import Clocks
+    from vllm_operator.models.inference_benchmark import LevelResult
+
+    described = LevelResult.model_fields["errors_by_kind"].description or ""
+    kinds = [v for k, v in vars(records).items() if k.isupper() and isinstance(v, str)]
+    assert len(kinds) >= 11
+    assert [k for k in kinds if k not in described] == []
+    assert records.http_error(503) in described
+    described = Clocks.model_fields["throttle_reasons"].description or ""
+    reasons = [n for bit, n in CLOCK_EVENT_REASONS.items() if bit != CLOCK_EVENT_GPU_IDLE]
+    assert [r for r in reasons if r not in described] == []
+
+
 class _Item(BaseModel):
     name: str
 

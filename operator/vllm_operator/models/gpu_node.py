@@ -78,7 +78,14 @@ class Clocks(ApiModel):
     memory: int | None = Field(default=None, description="Memory clock now.")
     memory_max: int | None = Field(default=None, description="Highest memory clock.")
     throttle_reasons: list[str] = Field(
-        default_factory=list, description="Active clock throttle reasons other than idle."
+        default_factory=list,
+        description="Why the GPU's clocks are held below their maximum now (NVML's clock "
+        "event reasons; idle is left out): SwPowerCap (the power limit), HwSlowdown (a "
+        "hardware slowdown: temperature or power brake), SwThermalSlowdown and "
+        "HwThermalSlowdown (too hot), HwPowerBrakeSlowdown (the external power brake), "
+        "SyncBoost (held to match GPUs in a sync-boost group), ApplicationsClocksSetting "
+        "(application clocks set below the maximum), DisplayClockSetting (the display "
+        "clock setting).",
     )
 
 

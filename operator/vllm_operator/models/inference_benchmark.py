@@ -517,7 +517,17 @@ class LevelResult(ApiModel):
     requests: int = Field(default=0, description="Requests scheduled.")
     succeeded: int = Field(default=0, description="Requests that met every deadline.")
     failed: int = Field(default=0, description="Requests that errored or missed a deadline.")
-    errors_by_kind: dict[str, int] = Field(default_factory=dict, description="Errors by kind.")
+    errors_by_kind: dict[str, int] = Field(
+        default_factory=dict,
+        description="Requests that failed, by kind: TTFTDeadlineMissed, TPOTDeadlineMissed, "
+        "E2EDeadlineMissed (the SLO's deadline passed and the client gave up on the request), "
+        "Timeout (the request timeout, without an SLO), ConnectError (no connection), "
+        "ConnectionLost (the connection closed mid-request), StreamError (the server sent an "
+        "error event mid-stream), ProtocolError (a stream that could not be parsed), NoUsage "
+        "(the stream ended without its usage chunk, so no token count), Unfinished (still "
+        "running when the level's drain time ran out), HTTPnnn (the server answered status "
+        "nnn: HTTP429, HTTP503, ...), ClientError (anything else the client raised).",
+    )
     requests_per_second: float | None = Field(default=None, description="Achieved rate.")
     output_tokens_per_second: float | None = Field(default=None, description="Output rate.")
     goodput_per_second: float | None = Field(default=None, description="Rate meeting the SLO.")
