@@ -125,6 +125,7 @@ def test_the_admission_policy_compiles_without_type_warnings(
             "agent.labelNodes=true",
             "metrics.serviceMonitor.enabled=true",
             "metrics.podMonitor.enabled=true",
+            "networkPolicy.enabled=true",
             "image.digest=sha256:" + "ab" * 32,
         ),
     ],

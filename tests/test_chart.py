@@ -799,3 +799,37 @@ def test_a_real_vllm_serves_every_vllm_metric_the_dashboard_names(
     assert used <= served, f"not served: {sorted(used - served)}"
     for le in ("0.1", "1.0", "5.0"):
         assert f'le="{le}"' in text
+
+
+def test_the_network_policy_is_opt_in_and_lets_the_operator_reach_only_what_it_uses() -> None:
+    """Off by default. On: it selects the operator's pod; ingress on its metrics and
+    health ports only; egress to the apiserver, DNS and the pods the operator renders
+    (the served vLLM's port, a ModelCache download's progress port), by the label every
+    pod the operator renders carries. A CIDR that is not one is refused by the schema."""
+    from vllm_operator.constants import LABEL_MANAGED_BY, MANAGED_BY
+    from vllm_operator.render.meta import SERVER_PORT
+    from vllm_operator.render.model_cache import PROGRESS_PORT
+
+    assert not [d for d in render() if d["kind"] == "NetworkPolicy"]
+    docs = render(
+        {"networkPolicy.enabled": "true", "networkPolicy.apiserverCIDRs": "{10.0.0.1/32}"}
+    )
+    policy = one(docs, "NetworkPolicy")
+    dep = one(docs, "Deployment")
+    assert policy["spec"]["podSelector"] == dep["spec"]["selector"]
+    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    container_ports = {p["name"] for p in _container(docs)["ports"]}
+    (ingress,) = policy["spec"]["ingress"]
+    assert {p["port"] for p in ingress["ports"]} == container_ports == {"metrics", "health"}
+    apiserver, dns, managed = policy["spec"]["egress"]
+    assert apiserver["to"] == [{"ipBlock": {"cidr": "10.0.0.1/32"}}]
+    assert {p["port"] for p in apiserver["ports"]} == {443, 6443}
+    assert {(p["port"], p["protocol"]) for p in dns["ports"]} == {(53, "UDP"), (53, "TCP")}
+    assert "to" not in dns
+    assert {p["port"] for p in managed["ports"]} == {SERVER_PORT, PROGRESS_PORT}
+    assert managed["to"] == [
+        {"namespaceSelector": {}, "podSelector": {"matchLabels": {LABEL_MANAGED_BY: MANAGED_BY}}}
+    ]
+    proc = run_helm("template", "r", str(CHART), "--set", "networkPolicy.enabled=true",
+                    "--set", "networkPolicy.apiserverCIDRs={everywhere}", check=False)  # fmt: skip
+    assert proc.returncode != 0 and "apiserverCIDRs" in proc.stderr, proc.stderr
