@@ -15,6 +15,7 @@ they are the statuses the operator really writes.
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 import subprocess
 from dataclasses import dataclass
@@ -28,10 +29,24 @@ from lupa import lua51
 
 from tests.specs import isvc, plan_for
 from vllm_operator.constants import WARMED_UP_CONDITION
+from vllm_operator.reconcile.phases import phase_conditions
 from vllm_operator.reconcile.status import Observed, Problem, compute_status
 
 REPO = Path(__file__).resolve().parents[1]
 HEALTH = REPO / "deploy" / "argocd" / "health"
+
+
+def _scripts() -> dict[str, str]:
+    """Kind → its script's file name in health/, as deploy/argocd/render_cm.py installs
+    them."""
+    spec = importlib.util.spec_from_file_location("render_cm", HEALTH.parent / "render_cm.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return dict(module.SCRIPTS)
+
+
+SCRIPTS = _scripts()
 GROUP = "inference.vllm-operator.dev/v1alpha1"
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 TO_KSTATUS = {"Healthy": "Current", "Progressing": "InProgress", "Degraded": "Failed"}
@@ -141,6 +156,23 @@ _BENCH_CONDS = {
         _cond("Stalled", "True", "JobFailed", "the load generator exited 1"),
     ],
 }
+
+
+def _phased(
+    kind: str, phase: str, reason: str, message: str, *, extra: list[dict[str, Any]] = ()
+) -> dict[str, Any]:
+    """A phased kind's object as its reconcile writes it: Ready, Reconciling and Stalled
+    from the phase (reconcile/phases.py), and ``extra`` conditions after them."""
+    ready = phase in ("Ready", "Succeeded")
+    stalled = phase == "Failed"
+    reconciling = phase in ("Pending", "Running", "Downloading")
+    conds = phase_conditions(
+        reason, message, ready=ready, reconciling=reconciling, stalled=stalled, now=NOW,
+        generation=1, previous=[],
+    )  # fmt: skip
+    wire = [c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in conds]
+    return _obj(kind, 1, {"observedGeneration": 1, "phase": phase, "conditions": [*wire, *extra]})
+
 
 _GPU_OK = [
     _cond("Ready", "True", "InventoryRead", "read 2 GPU(s) through NVML"),
@@ -273,6 +305,16 @@ SNAPSHOTS: dict[str, Snapshot] = {
         "Progressing",
         "InProgress",
     ),
+    # A phase without the conditions (a status written before they were, or by hand):
+    # the phase decides. Argo CD's own runner failed here on string.lower, which an
+    # argocd-cm script does not get (test_the_sandbox_is_argo_cds_for_argocd_cm_scripts).
+    "a running benchmark with a phase and no conditions yet is progressing": Snapshot(
+        "InferenceBenchmark",
+        _obj("InferenceBenchmark", 1, {"observedGeneration": 1, "phase": "Running"}),
+        "Progressing",
+        "Current",
+        differs=_NO_CONDITIONS,
+    ),
     "a succeeded benchmark is healthy": Snapshot(
         "InferenceBenchmark",
         _obj(
@@ -318,6 +360,62 @@ SNAPSHOTS: dict[str, Snapshot] = {
         "Current",
         differs="kstatus reads conditions, not phase: a benchmark must mirror Failed as "
         "Stalled=True for Flux to see it",
+    ),
+    # ---- ModelCache and InferenceTuning: conditions as their reconciles write them
+    # (reconcile/phases.py), so the snapshots are the operator's own.
+    "a model cache without status is progressing": Snapshot(
+        "ModelCache", _obj("ModelCache", 1, None), "Progressing", "Current", differs=_NO_CONDITIONS
+    ),
+    "a downloading model cache is progressing": Snapshot(
+        "ModelCache",
+        _phased("ModelCache", "Downloading", "Downloading", "3.1 of 14.2 GiB"),
+        "Progressing",
+        "InProgress",
+    ),
+    "a model cache whose download finished is healthy": Snapshot(
+        "ModelCache", _phased("ModelCache", "Ready", "Downloaded", "14.2 GiB"), "Healthy", "Current"
+    ),
+    "a model cache being deleted while services use it is progressing": Snapshot(
+        "ModelCache",
+        _phased("ModelCache", "Deleting", "InUse", "InferenceService chat serves from it"),
+        "Progressing",
+        "InProgress",
+    ),
+    "a model cache whose download failed is degraded": Snapshot(
+        "ModelCache",
+        _phased("ModelCache", "Failed", "GatedRepo", "the Hub refused the token"),
+        "Degraded",
+        "Failed",
+    ),
+    "a running tuning is progressing": Snapshot(
+        "InferenceTuning",
+        _phased("InferenceTuning", "Running", "Measuring", "trial 2 of 4"),
+        "Progressing",
+        "InProgress",
+    ),
+    "a succeeded tuning is healthy": Snapshot(
+        "InferenceTuning",
+        _phased("InferenceTuning", "Succeeded", "WinnerFound", "seqs-32: 100 % over"),
+        "Healthy",
+        "Current",
+    ),
+    "a succeeded tuning whose result went stale is healthy and says so": Snapshot(
+        "InferenceTuning",
+        _phased(
+            "InferenceTuning",
+            "Succeeded",
+            "WinnerFound",
+            "seqs-32: 100 % over",
+            extra=[_cond("Stale", "True", "WorkloadChanged", "peakConcurrency 4 -> 9")],
+        ),
+        "Healthy",
+        "Current",
+    ),
+    "a failed tuning is degraded": Snapshot(
+        "InferenceTuning",
+        _phased("InferenceTuning", "Failed", "TargetNotReady", "svc is not Ready"),
+        "Degraded",
+        "Failed",
     ),
     # ---- GPUNode
     "a GPU node the agent has not reported yet is progressing": Snapshot(
@@ -450,13 +548,35 @@ def _to_lua(runtime: Any, value: Any) -> Any:
     return value
 
 
-def argo_health(kind: str, obj: dict[str, Any]) -> tuple[str, str]:
-    """(status, message) from the Lua script for ``kind``, as Argo CD runs it: the object
-    as the global ``obj``, the script's return value as the health."""
+# What Argo CD opens for a script from argocd-cm (util/lua/lua.go, runLua: useOpenLibs off
+# unless the customization sets it): package, base, table and a safe os (time and date);
+# no string or math library, and so no string methods either ("x"):lower() is an error,
+# the string metatable coming from the string library). Its built-in scripts get them all.
+_ARGOCD_CM_SANDBOX = """
+local safe_os = { time = os.time, date = os.date }
+debug.setmetatable("", nil)
+string, math, io, coroutine, debug = nil, nil, nil, nil, nil
+package.loaded.string, package.loaded.math, package.loaded.io = nil, nil, nil
+package.loaded.coroutine, package.loaded.debug = nil, nil
+os = safe_os
+package.loaded.os = safe_os
+"""
+
+
+def _sandboxed(obj: dict[str, Any]) -> Any:
+    """A Lua 5.1 with only what Argo CD gives an argocd-cm script, ``obj`` as its global."""
     runtime = lua51.LuaRuntime(unpack_returned_tuples=False)
     assert runtime.eval("_VERSION") == "Lua 5.1"
+    runtime.execute(_ARGOCD_CM_SANDBOX)
     runtime.globals().obj = _to_lua(runtime, json.loads(json.dumps(obj)))
-    result = runtime.execute((HEALTH / f"{kind}.lua").read_text())
+    return runtime
+
+
+def argo_health(kind: str, obj: dict[str, Any]) -> tuple[str, str]:
+    """(status, message) from the Lua script for ``kind``, as Argo CD runs it from
+    argocd-cm: the object as the global ``obj``, the script's return value as the health."""
+    runtime = _sandboxed(obj)
+    result = runtime.execute((HEALTH / SCRIPTS[kind]).read_text())
     return str(result["status"]), str(result["message"])
 
 
@@ -493,11 +613,17 @@ def _kstatus_all() -> dict[str, str]:
 
 def test_there_are_at_least_twenty_snapshots_over_every_kind_and_verdict() -> None:
     assert len(SNAPSHOTS) >= 20
-    assert {s.kind for s in SNAPSHOTS.values()} == {
-        "InferenceService",
-        "InferenceBenchmark",
-        "GPUNode",
-    }
+    assert (
+        {s.kind for s in SNAPSHOTS.values()}
+        == set(SCRIPTS)
+        == {
+            "InferenceService",
+            "InferenceBenchmark",
+            "InferenceTuning",
+            "ModelCache",
+            "GPUNode",
+        }
+    )
     assert {s.argo for s in SNAPSHOTS.values()} == {"Healthy", "Progressing", "Degraded"}
     # Every case the issue names: progressing, healthy, degraded, stalled, stale generation.
     assert any("stalled" in n or "no node" in n for n in SNAPSHOTS)
@@ -526,10 +652,30 @@ def test_kstatus_gives_the_matching_verdict(name: str) -> None:
 def test_the_health_checks_use_only_lua_5_1() -> None:
     # Lua 5.2+ features gopher-lua does not have: goto, integer division, bit operators,
     # and the utf8 library.
+    assert sorted(p.name for p in HEALTH.glob("*.lua")) == sorted(set(SCRIPTS.values()))
     for script in HEALTH.glob("*.lua"):
         text = script.read_text()
         for token in ("goto ", "//", " & ", " | ", "<<", ">>", "utf8."):
             assert token not in text.replace("-- ", "--"), f"{script.name} uses {token!r}"
+
+
+def test_the_sandbox_is_argo_cds_for_argocd_cm_scripts() -> None:
+    """What failed in a user's Argo CD passed with full Lua: string.lower (the
+    InferenceBenchmark check called it until 2026-12-07). Here it fails, and so do the
+    string methods and math; the base and table libraries and os.time remain."""
+    runtime = _sandboxed({"status": {"phase": "Running"}})
+    for script in (
+        "return string.lower(obj.status.phase)",
+        "return obj.status.phase:lower()",
+        "return math.floor(1.5)",
+    ):
+        with pytest.raises(Exception, match=r"attempt to (index|call)"):
+            runtime.execute(script)
+    assert runtime.execute("return table.concat({'a', tostring(1)}, ' ') .. #obj.status.phase") == (
+        "a 17"
+    )
+    assert runtime.execute("return type(os.time())") == "number"
+    assert runtime.execute("return os.execute") is None
 
 
 def test_a_broken_script_would_fail_these_tests() -> None:

@@ -133,7 +133,11 @@ def test_the_readme_helm_quickstart_manifests_validate() -> None:
 
 def test_the_argocd_docs_name_the_keys_argocd_reads() -> None:
     text = (REPO / "deploy" / "argocd" / "README.md").read_text()
-    for kind in ("InferenceService", "InferenceBenchmark", "GPUNode"):
+    from vllm_operator.render.crds import all_crds
+
+    kinds = [crd["spec"]["names"]["kind"] for crd in all_crds()]
+    assert len(kinds) == 5
+    for kind in kinds:
         assert f"resource.customizations.health.inference.vllm-operator.dev_{kind}" in text
 
 

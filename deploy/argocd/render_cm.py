@@ -11,7 +11,14 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 GROUP = "inference.vllm-operator.dev"
-KINDS = ("InferenceService", "InferenceBenchmark", "GPUNode")
+# Every kind of the API group → its script in health/ (the phased kinds share one).
+SCRIPTS = {
+    "InferenceService": "InferenceService.lua",
+    "InferenceBenchmark": "Phased.lua",
+    "InferenceTuning": "Phased.lua",
+    "ModelCache": "Phased.lua",
+    "GPUNode": "GPUNode.lua",
+}
 OUT = HERE / "argocd-cm-patch.yaml"
 
 
@@ -31,8 +38,8 @@ def render() -> str:
         "  namespace: argocd\n",
         "data:\n",
     ]
-    for kind in KINDS:
-        script = (HERE / "health" / f"{kind}.lua").read_text()
+    for kind, name in SCRIPTS.items():
+        script = (HERE / "health" / name).read_text()
         lines.append(f"  resource.customizations.health.{GROUP}_{kind}: |\n")
         lines.append(_block(script, "    "))
     return "".join(lines)

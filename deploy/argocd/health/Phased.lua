@@ -1,12 +1,19 @@
--- Argo CD health check for inference.vllm-operator.dev/InferenceBenchmark.
+-- Argo CD health check for the phased kinds of inference.vllm-operator.dev:
+-- InferenceBenchmark, InferenceTuning and ModelCache (one script, installed under each
+-- kind's key; obj.kind names the object in the message).
 --
--- A benchmark is a run: Pending and Running are Progressing, Succeeded is Healthy, Failed
--- is Degraded. The generic rules come first, as in kstatus:
+-- Each is a run or a download with a status.phase: Pending, Running, Downloading and
+-- Deleting are Progressing; Succeeded and Ready are Healthy (an InferenceTuning whose
+-- result went Stale says so in the message); Failed is Degraded. The generic rules come
+-- first, as in kstatus:
 --   observedGeneration behind metadata.generation -> Progressing
 --   Reconciling=True -> Progressing, Stalled=True -> Degraded (the first one listed wins)
 -- then status.phase, then a Ready condition, and Progressing while there is no status.
--- Lua 5.1 only: Argo CD runs these scripts with gopher-lua.
+-- Lua 5.1, and only what Argo CD gives a script installed through argocd-cm: the base,
+-- table and package libraries, no string or math library (so no string.lower, no
+-- ("x"):lower()).
 local hs = {}
+local kind = obj.kind or "object"
 
 local function find(conditions, wanted)
   if conditions == nil then
@@ -31,7 +38,7 @@ end
 local status = obj.status
 if status == nil then
   hs.status = "Progressing"
-  hs.message = "Waiting for the operator to start the benchmark"
+  hs.message = "Waiting for the operator to start the " .. kind
   return hs
 end
 
@@ -59,24 +66,33 @@ if status.conditions ~= nil then
   end
 end
 
+-- The phases, as words for the message (no string library to lower-case them).
+local healthy = { Succeeded = "succeeded", Ready = "ready" }
+local progressing = {
+  Pending = "pending", Running = "running", Downloading = "downloading", Deleting = "being deleted",
+}
 local phase = status.phase
-local detail = find(status.conditions, "Failed") or find(status.conditions, "Ready")
 if phase == "Failed" then
+  local detail = find(status.conditions, "Failed") or find(status.conditions, "Ready")
   hs.status = "Degraded"
-  hs.message = "Benchmark failed"
+  hs.message = kind .. " failed"
   if detail ~= nil then
-    hs.message = "Benchmark failed: " .. say(detail)
+    hs.message = kind .. " failed: " .. say(detail)
   end
   return hs
 end
-if phase == "Succeeded" then
+if phase ~= nil and healthy[phase] ~= nil then
   hs.status = "Healthy"
-  hs.message = "Benchmark succeeded"
+  hs.message = kind .. " " .. healthy[phase]
+  local stale = find(status.conditions, "Stale")
+  if stale ~= nil and stale.status == "True" then
+    hs.message = hs.message .. "; its result is stale: " .. say(stale)
+  end
   return hs
 end
-if phase == "Pending" or phase == "Running" then
+if phase ~= nil and progressing[phase] ~= nil then
   hs.status = "Progressing"
-  hs.message = "Benchmark " .. string.lower(phase)
+  hs.message = kind .. " " .. progressing[phase]
   return hs
 end
 
@@ -93,5 +109,5 @@ if ready ~= nil then
 end
 
 hs.status = "Progressing"
-hs.message = "Waiting for the benchmark's phase"
+hs.message = "Waiting for the " .. kind .. "'s phase"
 return hs
