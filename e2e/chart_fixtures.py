@@ -4,7 +4,11 @@
   own loopback ports), so that installing and uninstalling the chart's CRDs never touches
   the shared cluster other test sessions use, and so that no operator of another session
   (with admin credentials) can do the work the chart's ServiceAccount must be able to do.
-- ``chart_release`` (module): the chart installed with ``helm install``.
+- ``release_artifacts`` (module): ``make release``'s artifacts (scripts/release.py) in a
+  folder of the test's: the wheel, the sdist, the packaged chart, the image's OCI archive
+  and SHA256SUMS.
+- ``chart_release`` (module): the **packaged** chart (the release's .tgz, as a user gets
+  it) installed with ``helm install``.
 - ``service_account_kubeconfig`` (module): a kubeconfig whose only credential is a token of
   the chart's ServiceAccount (``kubectl create token``), to show what that identity is
   refused. The operator itself runs under it as the chart's pod on the real node
@@ -17,6 +21,7 @@ import base64
 import dataclasses
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -171,10 +176,35 @@ INSTALL_VALUES = (
 )
 
 
+@dataclasses.dataclass(frozen=True)
+class Artifacts:
+    dist: Path
+    chart: Path  # the packaged chart
+    image: Path  # the operator image's OCI archive
+
+
 @pytest.fixture(scope="module")
-def chart_release(cluster: ClusterHandle) -> Release:
+def release_artifacts(tmp_path_factory: pytest.TempPathFactory) -> Artifacts:
+    """scripts/release.py (what `make release` runs) into a folder of the test's."""
+    from vllm_operator import __version__
+
+    dist = tmp_path_factory.mktemp("release") / "dist"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "release.py"), "--dist", str(dist)],
+        capture_output=True, text=True, check=False, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return Artifacts(
+        dist,
+        chart=dist / f"vllm-operator-{__version__}.tgz",
+        image=dist / f"vllm-operator-image-{__version__}.oci.tar",
+    )
+
+
+@pytest.fixture(scope="module")
+def chart_release(cluster: ClusterHandle, release_artifacts: Artifacts) -> Release:
     release = Release(cluster, RELEASE, RELEASE_NAMESPACE)
-    release.install(*INSTALL_VALUES)
+    release.install(*INSTALL_VALUES, chart=release_artifacts.chart)
     cluster.kubectl(
         "wait", "--for=condition=Established", "--timeout=60s",
         "crd/inferenceservices.inference.vllm-operator.dev",

@@ -27,9 +27,11 @@ from devenv.cluster.cluster import ClusterHandle
 from e2e.chart_fixtures import (  # noqa: F401  (fixtures, used by name)
     CHART,
     INSTALL_VALUES,
+    Artifacts,
     Release,
     chart_release,
     cluster,
+    release_artifacts,
     service_account_kubeconfig,
     token_subject,
 )
@@ -469,3 +471,49 @@ def test_helm_uninstall_deletes_the_crds_when_told_not_to_keep_them(
     for crd in CRDS:
         gone = cluster.kubectl("get", "crd", crd, check=False)
         assert gone.returncode != 0 and "NotFound" in gone.stderr
+
+
+# --------------------------------------------------------------------------- release
+
+
+def test_the_release_verifies_and_its_image_archive_loads_into_podman(
+    release_artifacts: Artifacts, tmp_path: Path
+) -> None:
+    """make release's SHA256SUMS verify as a user checks them; the image archive loads into
+    a podman of its own (a storage folder of the test's, the machine's images untouched)
+    as the operator image of this version, running as uid 65532. The packaged chart is what
+    every test of this module installs (chart_release)."""
+    from vllm_operator import __version__
+
+    sums = subprocess.run(
+        ["sha256sum", "--check", "--strict", "SHA256SUMS"],
+        cwd=release_artifacts.dist, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert sums.returncode == 0, sums.stdout + sums.stderr
+    names = {line.split(":")[0] for line in sums.stdout.splitlines()}
+    assert names == {
+        release_artifacts.chart.name,
+        release_artifacts.image.name,
+        f"vllm_operator-{__version__}-py3-none-any.whl",
+        f"vllm_operator-{__version__}.tar.gz",
+    }
+    store = [
+        "--root", str(tmp_path / "root"), "--runroot", str(tmp_path / "run"),
+        "--storage-driver", "vfs",
+    ]  # fmt: skip
+
+    def podman(*args: str) -> str:
+        proc = subprocess.run(
+            ["podman", *store, *args], capture_output=True, text=True, check=False, timeout=300
+        )
+        assert proc.returncode == 0, f"podman {' '.join(args)}: {proc.stderr[-2000:]}"
+        return proc.stdout
+
+    podman("load", "-i", str(release_artifacts.image))
+    tags = podman("images", "--format", "{{.Repository}}:{{.Tag}}").split()
+    assert any(t.endswith(f"/vllm-operator:{__version__}") or t == f"vllm-operator:{__version__}"
+               for t in tags), tags  # fmt: skip
+    (image,) = json.loads(podman("image", "inspect", f"vllm-operator:{__version__}"))
+    assert image["Config"]["User"] == "65532:65532", image["Config"]
+    subprocess.run(["podman", *store, "system", "reset", "--force"], capture_output=True,
+                   check=False, timeout=120)  # fmt: skip
