@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -477,7 +478,7 @@ def test_helm_uninstall_deletes_the_crds_when_told_not_to_keep_them(
 
 
 def test_the_release_verifies_and_its_image_archive_loads_into_podman(
-    release_artifacts: Artifacts, tmp_path: Path
+    release_artifacts: Artifacts,
 ) -> None:
     """make release's SHA256SUMS verify as a user checks them; the image archive loads into
     a podman of its own (a storage folder of the test's, the machine's images untouched)
@@ -497,8 +498,10 @@ def test_the_release_verifies_and_its_image_archive_loads_into_podman(
         f"vllm_operator-{__version__}-py3-none-any.whl",
         f"vllm_operator-{__version__}.tar.gz",
     }
+    # podman refuses a runroot longer than 50 characters: a short folder of /tmp's.
+    short = Path(tempfile.mkdtemp(prefix="vop-podman-"))
     store = [
-        "--root", str(tmp_path / "root"), "--runroot", str(tmp_path / "run"),
+        "--root", str(short / "root"), "--runroot", str(short / "run"),
         "--storage-driver", "vfs",
     ]  # fmt: skip
 
@@ -509,11 +512,13 @@ def test_the_release_verifies_and_its_image_archive_loads_into_podman(
         assert proc.returncode == 0, f"podman {' '.join(args)}: {proc.stderr[-2000:]}"
         return proc.stdout
 
-    podman("load", "-i", str(release_artifacts.image))
-    tags = podman("images", "--format", "{{.Repository}}:{{.Tag}}").split()
-    assert any(t.endswith(f"/vllm-operator:{__version__}") or t == f"vllm-operator:{__version__}"
-               for t in tags), tags  # fmt: skip
-    (image,) = json.loads(podman("image", "inspect", f"vllm-operator:{__version__}"))
-    assert image["Config"]["User"] == "65532:65532", image["Config"]
-    subprocess.run(["podman", *store, "system", "reset", "--force"], capture_output=True,
-                   check=False, timeout=120)  # fmt: skip
+    try:
+        podman("load", "-i", str(release_artifacts.image))
+        tags = podman("images", "--format", "{{.Repository}}:{{.Tag}}").split()
+        assert f"localhost/vllm-operator:{__version__}" in tags, tags
+        (image,) = json.loads(podman("image", "inspect", f"vllm-operator:{__version__}"))
+        assert image["Config"]["User"] == "65532:65532", image["Config"]
+    finally:
+        subprocess.run(["podman", *store, "system", "reset", "--force"], capture_output=True,
+                       check=False, timeout=120)  # fmt: skip
+        shutil.rmtree(short, ignore_errors=True)
