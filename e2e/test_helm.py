@@ -91,7 +91,8 @@ def test_helm_install_creates_the_operator_its_rbac_and_the_crds(
     # the agent's pods on every fake GPU node (kwok runs them; no container).
     ns = _json(cluster, "get", "namespace", "vllm-operator-agent")
     assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
-    ds = _json(cluster, "get", "daemonset", "vllm-operator-gpu-node-agent",
+    # Named after the release (two releases share no ClusterRole).
+    ds = _json(cluster, "get", "daemonset", "vllm-op-vllm-operator-gpu-node-agent",
                "-n", "vllm-operator-agent")  # fmt: skip
     assert ds["status"]["desiredNumberScheduled"] == 3
     assert ds["status"].get("numberReady") == 3

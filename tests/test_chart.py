@@ -25,7 +25,7 @@ from devenv.vllm_fixtures import (  # noqa: F401  (fixtures of the vllm-marked t
     vllm_server,
     vllm_servers,
 )
-from vllm_operator.agent.manifests import agent_manifests
+from vllm_operator.agent.manifests import Identity, agent_manifests
 from vllm_operator.cli import crd_files
 from vllm_operator.models.base import Manifest
 from vllm_operator.render.crds import all_crds
@@ -239,14 +239,41 @@ def test_the_agent_templates_are_the_agent_builders_manifests(
         for d in docs
         if d["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "gpu-node-agent"
     ]
-    want = agent_manifests(power_management=power, label_nodes=label_nodes)
+    want = agent_manifests(power_management=power, label_nodes=label_nodes, who=_agent_who(docs))
     assert agent == want
+
+
+def _agent_who(docs: list[Manifest]) -> Identity:
+    """The agent's identity in a release (release "r" of render()): the operator's labels
+    with the agent's component, and the release in its name and selector."""
+    operator = one(docs, "Deployment")["metadata"]["labels"]
+    selector = {
+        "app.kubernetes.io/name": "vllm-operator",
+        "app.kubernetes.io/instance": "r",
+        "app.kubernetes.io/component": "gpu-node-agent",
+    }
+    return Identity(
+        name="r-vllm-operator-gpu-node-agent",
+        labels={**operator, **selector},
+        selector=selector,
+    )
+
+
+def test_two_releases_agents_share_no_cluster_scoped_name() -> None:
+    """The ClusterRole and its binding are cluster-scoped: each release names its own."""
+    names = []
+    for release in ("one", "two"):
+        proc = run_helm("template", release, str(CHART), "--kube-version", KUBE_VERSION,
+                        "--set", "agent.enabled=true")  # fmt: skip
+        docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+        names.append({d["metadata"]["name"] for d in docs if d["kind"] == "ClusterRole"})
+    assert names[0] and not names[0] & names[1], names
 
 
 def test_the_agent_is_off_by_default_and_takes_its_own_image_and_namespace() -> None:
     assert not of_kind(render(), "DaemonSet")
     docs = render({"agent.enabled": "true", "agent.image": "reg/agent:1", "agent.namespace": "gpu"})
-    want = agent_manifests(image="reg/agent:1", namespace_name="gpu")
+    want = agent_manifests(image="reg/agent:1", namespace_name="gpu", who=_agent_who(docs))
     assert [
         d
         for d in docs

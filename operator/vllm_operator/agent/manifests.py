@@ -26,6 +26,7 @@ verify`` and tests/test_generated.py fail when those files are not what this mod
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Final
 
@@ -63,8 +64,22 @@ def _labels() -> dict[str, str]:
     return {LABEL_NAME: "vllm-operator", LABEL_COMPONENT: COMPONENT}
 
 
-def namespace(*, name: str, power_management: bool) -> Manifest:
+@dataclasses.dataclass(frozen=True)
+class Identity:
+    """What names the agent's objects: their name (the ServiceAccount's, ClusterRole's,
+    ClusterRoleBinding's and DaemonSet's), the labels on each, and the DaemonSet's
+    selector (a subset of the labels). The default is the plain install's (deploy/agent/);
+    the chart's carries its release (charts/vllm-operator/templates/agent.yaml), so that two
+    releases do not share one ClusterRole."""
+
+    name: str = NAME
+    labels: Mapping[str, str] = dataclasses.field(default_factory=_labels)
+    selector: Mapping[str, str] = dataclasses.field(default_factory=_labels)
+
+
+def namespace(*, name: str, power_management: bool, who: Identity | None = None) -> Manifest:
     """The agent's own namespace, labelled with the Pod Security level its mode needs."""
+    who = who or Identity()
     level = "privileged" if power_management else "restricted"
     return {
         "apiVersion": "v1",
@@ -72,7 +87,7 @@ def namespace(*, name: str, power_management: bool) -> Manifest:
         "metadata": {
             "name": name,
             "labels": {
-                **_labels(),
+                **who.labels,
                 "pod-security.kubernetes.io/enforce": level,
                 "pod-security.kubernetes.io/enforce-version": "latest",
                 # Warn and audit at restricted either way, so the one exception is visible.
@@ -83,13 +98,14 @@ def namespace(*, name: str, power_management: bool) -> Manifest:
     }
 
 
-def cluster_role(*, label_nodes: bool) -> Manifest:
+def cluster_role(*, label_nodes: bool, who: Identity | None = None) -> Manifest:
     """Read nodes (for the owner reference), write GPUNodes and their status."""
+    who = who or Identity()
     node_verbs = ["get", "list", "watch", *(["patch"] if label_nodes else [])]
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "ClusterRole",
-        "metadata": {"name": NAME, "labels": _labels()},
+        "metadata": {"name": who.name, "labels": dict(who.labels)},
         "rules": [
             {"apiGroups": [""], "resources": ["nodes"], "verbs": node_verbs},
             {
@@ -134,8 +150,10 @@ def daemonset(
     node_selector: Mapping[str, str],
     tolerations: Sequence[Mapping[str, str]],
     runtime_class: str | None,
+    who: Identity | None = None,
 ) -> Manifest:
     """The agent on every GPU node."""
+    who = who or Identity()
     pod_security, container_security = _security(power_management)
     args = ["agent", f"--interval={interval_seconds}"]
     if not power_management:
@@ -143,7 +161,7 @@ def daemonset(
     if label_nodes:
         args.append("--label-node")
     pod_spec: Manifest = {
-        "serviceAccountName": NAME,
+        "serviceAccountName": who.name,
         "automountServiceAccountToken": True,
         "hostNetwork": False,
         "hostPID": False,
@@ -185,11 +203,11 @@ def daemonset(
     return {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
-        "metadata": {"name": NAME, "namespace": namespace_name, "labels": _labels()},
+        "metadata": {"name": who.name, "namespace": namespace_name, "labels": dict(who.labels)},
         "spec": {
-            "selector": {"matchLabels": _labels()},
+            "selector": {"matchLabels": dict(who.selector)},
             "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
-            "template": {"metadata": {"labels": _labels()}, "spec": pod_spec},
+            "template": {"metadata": {"labels": dict(who.labels)}, "spec": pod_spec},
         },
     }
 
@@ -204,26 +222,28 @@ def agent_manifests(
     node_selector: Mapping[str, str] = DEFAULT_NODE_SELECTOR,
     tolerations: Sequence[Mapping[str, str]] = DEFAULT_TOLERATIONS,
     runtime_class: str | None = "nvidia",
+    who: Identity | None = None,
 ) -> list[Manifest]:
     """Everything the agent needs, in apply order."""
+    who = who or Identity()
     return [
-        namespace(name=namespace_name, power_management=power_management),
+        namespace(name=namespace_name, power_management=power_management, who=who),
         {
             "apiVersion": "v1",
             "kind": "ServiceAccount",
-            "metadata": {"name": NAME, "namespace": namespace_name, "labels": _labels()},
+            "metadata": {"name": who.name, "namespace": namespace_name, "labels": dict(who.labels)},
         },
-        cluster_role(label_nodes=label_nodes),
+        cluster_role(label_nodes=label_nodes, who=who),
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "ClusterRoleBinding",
-            "metadata": {"name": NAME, "labels": _labels()},
+            "metadata": {"name": who.name, "labels": dict(who.labels)},
             "roleRef": {
                 "apiGroup": "rbac.authorization.k8s.io",
                 "kind": "ClusterRole",
-                "name": NAME,
+                "name": who.name,
             },
-            "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": namespace_name}],
+            "subjects": [{"kind": "ServiceAccount", "name": who.name, "namespace": namespace_name}],
         },
         daemonset(
             image=image,
@@ -234,6 +254,7 @@ def agent_manifests(
             node_selector=node_selector,
             tolerations=tolerations,
             runtime_class=runtime_class,
+            who=who,
         ),
     ]
 
