@@ -74,7 +74,7 @@ test: setup ## Run every test: the unit tier on every core, the real-vLLM and cl
 	  else \
 	    cmd=($(BIN)/pytest tests e2e -m "not timing and (vllm or cluster)" $(PYTEST_ARGS)); \
 	  fi; \
-	  echo "$${cmd[*]}"; "$${cmd[@]}"; rc=$$?; \
+	  printf '%q ' "$${cmd[@]}"; echo; "$${cmd[@]}"; rc=$$?; \
 	  if [ $$rc -eq 5 ] && [ -n "$(PYTEST_ARGS)" ]; then rc=0; fi; \
 	  if [ $$rc -ne 0 ]; then echo "== make test: the $$part part failed (pytest exit $$rc)"; failed=1; fi; \
 	done; \
