@@ -33,10 +33,10 @@ def _cmd_crds(args: argparse.Namespace) -> int:
         sys.stdout.write("---\n".join(files.values()))
         return 0
     out = Path(args.out)
-    if args.check and not out.is_dir():
-        print(f"vllm-operator crds: --out {out}: no such folder", file=sys.stderr)
-        return 2
     if args.check:
+        if not out.is_dir():
+            print(f"vllm-operator crds: --out {out}: no such folder", file=sys.stderr)
+            return 2
         stale = [
             name
             for name, text in files.items()

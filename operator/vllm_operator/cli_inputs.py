@@ -40,11 +40,18 @@ __all__ = [
     "read_documents",
     "read_service",
     "read_yaml",
+    "refusal",
 ]
 
 
 class InputError(ValueError):
     """A flag or file the command cannot use; the message says which and why."""
+
+
+def refusal(exc: InputError | ValidationError) -> str:
+    """What a command prints for a refusal: the InputError's message, or the models'
+    refusal as field paths (models/base.py, field_errors)."""
+    return field_errors(exc) if isinstance(exc, ValidationError) else str(exc)
 
 
 def positive(text: str) -> int:

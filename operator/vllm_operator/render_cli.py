@@ -54,6 +54,7 @@ from vllm_operator.cli_inputs import (
     read_measurements,
     read_service,
     read_yaml,
+    refusal,
 )
 from vllm_operator.constants import (
     GPU_RESOURCE,
@@ -411,8 +412,7 @@ def run_from_args(args: argparse.Namespace, out: TextIO | None = None) -> int:
     try:
         preview, profile = render(args)
     except (InputError, ValidationError) as exc:
-        why = field_errors(exc) if isinstance(exc, ValidationError) else str(exc)
-        print(f"vllm-operator render: {why}", file=sys.stderr)
+        print(f"vllm-operator render: {refusal(exc)}", file=sys.stderr)
         return EXIT_USAGE
     if preview.planned.does_not_fit is not None:
         _does_not_fit(preview, sys.stderr)

@@ -49,10 +49,10 @@ from vllm_operator.cli_inputs import (
     positive,
     read_measurements,
     read_service,
+    refusal,
 )
 from vllm_operator.constants import DEFAULT_SERVING_IMAGE
 from vllm_operator.models import lengths
-from vllm_operator.models.base import field_errors
 from vllm_operator.models.inference_service import (
     HuggingFaceSource,
     ImageSource,
@@ -660,8 +660,7 @@ def run_from_args(args: argparse.Namespace, out: TextIO | None = None) -> int:
         measurements = read_measurements(path) if path else None
         result, model = tune(args, measurements)
     except (InputError, ValidationError) as exc:
-        why = field_errors(exc) if isinstance(exc, ValidationError) else str(exc)
-        print(f"vllm-operator tune: {why}", file=sys.stderr)
+        print(f"vllm-operator tune: {refusal(exc)}", file=sys.stderr)
         return EXIT_USAGE
     comparisons = compare(result, measurements) if measurements is not None else []
     if args.output == "table":

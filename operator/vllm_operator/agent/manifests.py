@@ -77,9 +77,8 @@ class Identity:
     selector: Mapping[str, str] = dataclasses.field(default_factory=_labels)
 
 
-def namespace(*, name: str, power_management: bool, who: Identity | None = None) -> Manifest:
+def namespace(*, name: str, power_management: bool, who: Identity) -> Manifest:
     """The agent's own namespace, labelled with the Pod Security level its mode needs."""
-    who = who or Identity()
     level = "privileged" if power_management else "restricted"
     return {
         "apiVersion": "v1",
@@ -98,9 +97,8 @@ def namespace(*, name: str, power_management: bool, who: Identity | None = None)
     }
 
 
-def cluster_role(*, label_nodes: bool, who: Identity | None = None) -> Manifest:
+def cluster_role(*, label_nodes: bool, who: Identity) -> Manifest:
     """Read nodes (for the owner reference), write GPUNodes and their status."""
-    who = who or Identity()
     node_verbs = ["get", "list", "watch", *(["patch"] if label_nodes else [])]
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -150,10 +148,9 @@ def daemonset(
     node_selector: Mapping[str, str],
     tolerations: Sequence[Mapping[str, str]],
     runtime_class: str | None,
-    who: Identity | None = None,
+    who: Identity,
 ) -> Manifest:
     """The agent on every GPU node."""
-    who = who or Identity()
     pod_security, container_security = _security(power_management)
     args = ["agent", f"--interval={interval_seconds}"]
     if not power_management:

@@ -60,28 +60,23 @@ class HealthServer:
         self.port = port
         self._runner: web.AppRunner | None = None
 
-    async def _healthz(self, _: web.Request) -> web.Response:
-        reason = self._check()
-        if reason is None:
+    def _answer(self, stuck_reason: str | None, starting: str | None) -> web.Response:
+        """200, or 503 with the reason: stuck before starting."""
+        if stuck_reason is not None:
+            log.warning("Liveness failed: %s.", stuck_reason, extra={"reason": stuck_reason})
+            body = {"status": "stuck", "reason": stuck_reason}
+        elif starting is not None:
+            body = {"status": "starting", "reason": starting}
+        else:
             return web.Response(text=json.dumps({"status": "ok"}), content_type="application/json")
-        log.warning("Liveness failed: %s.", reason, extra={"reason": reason})
-        return web.Response(
-            status=503,
-            text=json.dumps({"status": "stuck", "reason": reason}),
-            content_type="application/json",
-        )
+        return web.Response(status=503, text=json.dumps(body), content_type="application/json")
 
-    async def _readyz(self, request: web.Request) -> web.Response:
-        if self._check() is not None:
-            return await self._healthz(request)
-        reason = self._ready()
-        if reason is None:
-            return web.Response(text=json.dumps({"status": "ok"}), content_type="application/json")
-        return web.Response(
-            status=503,
-            text=json.dumps({"status": "starting", "reason": reason}),
-            content_type="application/json",
-        )
+    async def _healthz(self, _: web.Request) -> web.Response:
+        return self._answer(self._check(), None)
+
+    async def _readyz(self, _: web.Request) -> web.Response:
+        stuck_reason = self._check()
+        return self._answer(stuck_reason, self._ready() if stuck_reason is None else None)
 
     async def start(self) -> None:
         app = web.Application()
