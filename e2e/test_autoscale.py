@@ -193,21 +193,28 @@ def _replicas(cluster: ClusterHandle, ns: str, name: str) -> Any:
     return (fetch(cluster, ns, "vis", name) or {}).get("spec", {}).get("replicas")
 
 
+def _operator_lines(cluster: ClusterHandle, operator: ChartOperator, words: tuple[str, ...]) -> str:
+    """The operator pod's last 20 log lines that hold any of ``words`` (lower case, matched
+    against the line in lower case)."""
+    log = cluster.kubectl(
+        "logs", "-n", operator.namespace, operator.pod["metadata"]["name"], check=False
+    ).stdout
+    lines = [line for line in log.splitlines() if any(w in line.lower() for w in words)]
+    return " | ".join(lines[-20:])
+
+
 def _events_and_log(cluster: ClusterHandle, ns: str, operator: ChartOperator) -> str:
     """What a missing event is judged by: the namespace's events and the operator's lines
     on scaling and on events."""
     events = fetch(cluster, ns, "events") or {"items": []}
     listed = "; ".join(f"{e.get('reason')}: {e.get('message')}" for e in events["items"])
-    log = cluster.kubectl(
-        "logs", "-n", operator.namespace, operator.pod["metadata"]["name"], check=False
-    ).stdout
-    lines = [line for line in log.splitlines() if "utoscal" in line or "event" in line.lower()]
-    return f"events: {listed or 'none'}; operator: " + " | ".join(lines[-20:])
+    lines = _operator_lines(cluster, operator, ("utoscal", "event"))
+    return f"events: {listed or 'none'}; operator: {lines}"
 
 
 def _operator_state(cluster: ClusterHandle, operator: ChartOperator) -> str:
-    """The operator pod's restarts and its last autoscaler lines (when it read, what it
-    read): a scale-up that does not come is judged by them."""
+    """The operator pod's restarts and its last autoscaler and warning lines (when it
+    read, what it read): a scale-up that does not come is judged by them."""
     pods = fetch(cluster, operator.namespace, "pods", "-l", "app.kubernetes.io/component=operator")
     restarts = [
         (
@@ -216,11 +223,8 @@ def _operator_state(cluster: ClusterHandle, operator: ChartOperator) -> str:
         )
         for p in (pods or {}).get("items", [])
     ]
-    log = cluster.kubectl(
-        "logs", "-n", operator.namespace, operator.pod["metadata"]["name"], check=False
-    ).stdout
-    lines = [line for line in log.splitlines() if "utoscal" in line or "arn" in line]
-    return f"operator pods (restarts): {restarts}; its last lines: " + " | ".join(lines[-15:])
+    lines = _operator_lines(cluster, operator, ("utoscal", '"severity": "warn'))
+    return f"operator pods (restarts): {restarts}; its last lines: {lines}"
 
 
 def _server_load(pod: dict[str, Any]) -> str:

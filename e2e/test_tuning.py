@@ -207,8 +207,6 @@ def test_a_beside_run_measures_by_prediction_stops_a_loser_early_and_applies_the
         "the target back on its own arguments",
         timeout=120,
     )
-    # The status is written after the Deployment (the same reconcile, a moment later):
-    # the test waits for it rather than reading it once the arguments changed.
     measured = _measured_from(cluster, ns, "svc", applied=False)
     assert "stale" in measured["reason"].lower(), measured
 
