@@ -1255,6 +1255,7 @@ def test_a_trial_takes_every_percentile_from_the_headline_of_the_same_level() ->
 @pytest.mark.parametrize(
     ("again", "state", "words"),
     [
+        pytest.param("Met", "Succeeded", "held up to 12 req/s", id="then met: the search goes on"),
         pytest.param("Missed", "StoppedEarly", "missed the SLO at 6", id="then missed: early stop"),
         pytest.param("ClientLimited", "Failed", "load client could not keep to 6", id="twice"),
     ],
@@ -1265,9 +1266,12 @@ def test_a_first_rate_the_client_decided_counts_as_its_second_measurement(
     """The search measures a level the load client decided once more at the same rate
     (bench.run.search_levels): the first rate's verdict is the second measurement's."""
     tuning = _tuning()
-    bench = _bench(
-        tuning, "seqs-8", "Succeeded", [_level(6.0, "ClientLimited"), _level(6.0, again)]
-    )
+    levels = [_level(6.0, "ClientLimited"), _level(6.0, again)]
+    if again == "Met":
+        levels += [_level(12.0, "Met"), _level(24.0, "Missed")]
+    bench = _bench(tuning, "seqs-8", "Succeeded", levels)
     trial = TrialStatus(name="seqs-8", role="Candidate", state="Measuring")
     read = tuning_reconcile.read_benchmark(trial, bench, early_stop_at=6.0)
     assert read is not None and read.state == state and words in (read.reason or ""), read
+    if again == "Met":
+        assert read.measured_goodput_per_second == 12.0, read

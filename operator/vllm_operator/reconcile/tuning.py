@@ -539,19 +539,17 @@ def level_passed(level: LevelResult, attainment: float) -> bool:
 
 def best_level(levels: Sequence[LevelResult], attainment: float) -> LevelResult | None:
     """The level of the highest rate that met the SLO below every rate that missed it (a
-    search's answer, as bench/search.py takes it: a failure wins over a pass above it)."""
-    failed = [
-        lv.rate_per_second
-        for lv in levels
-        if lv.rate_per_second is not None and not level_passed(lv, attainment)
-    ]
+    search's answer, as bench/search.py takes it: a failure wins over a pass above it).
+    A rate measured twice counts by its last level, as the search recorded it: the search
+    measures a level the load client decided once more (bench.run.search_levels), and a
+    first try the client decided is no miss when the second met the SLO."""
+    last = {lv.rate_per_second: lv for lv in levels if lv.rate_per_second is not None}
+    failed = [rate for rate, lv in last.items() if not level_passed(lv, attainment)]
     lowest_failure = min(failed) if failed else None
     passed = [
         lv
-        for lv in levels
-        if lv.rate_per_second is not None
-        and level_passed(lv, attainment)
-        and (lowest_failure is None or lv.rate_per_second < lowest_failure)
+        for rate, lv in last.items()
+        if level_passed(lv, attainment) and (lowest_failure is None or rate < lowest_failure)
     ]
     return max(passed, key=lambda lv: lv.rate_per_second or 0.0) if passed else None
 
