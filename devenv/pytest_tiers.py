@@ -4,7 +4,10 @@
 reports reach this plugin in the controlling process), the real-vLLM and cluster tiers in
 a second and the timing tier in a third; CI's log then shows, per tier, how many tests
 passed, failed and were skipped and the seconds they took (setup, call and teardown added
-up), so a tier that skipped or slowed down is seen at a glance. Registered in
+up), so a tier that skipped or slowed down is seen at a glance; and for every tier but
+the unit one (whose time is spread over workers), one line per test module, the slowest
+first, so that CI's budget can be spent where it goes. A session fixture's setup (the
+cluster's start) counts in the module of the first test that asks for it. Registered in
 pyproject.toml (``-p``).
 
 A test's tier is its marker: ``timing``, ``cluster`` (every test under e2e/), ``vllm``,
@@ -41,6 +44,7 @@ class Tally:
 @dataclasses.dataclass
 class _Test:
     tier: str
+    module: str = ""
     outcome: str = "passed"
     seconds: float = 0.0
 
@@ -52,7 +56,9 @@ class TierSummary:
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_protocol(self, item: pytest.Item) -> None:
         # After collection, so the markers conftests add (e2e/: cluster) are there.
-        self.tests[item.nodeid] = _Test(tier_of(m.name for m in item.iter_markers()))
+        self.tests[item.nodeid] = _Test(
+            tier_of(m.name for m in item.iter_markers()), item.nodeid.split("::")[0]
+        )
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         test = self.tests.setdefault(report.nodeid, _Test("unit"))
@@ -77,8 +83,23 @@ class TierSummary:
             for tier, t in self.tallies().items()
         ]
 
+    def module_lines(self) -> list[str]:
+        modules: dict[tuple[str, str], Tally] = {}
+        for test in self.tests.values():
+            if test.tier == "unit" or not test.module:
+                continue
+            tally = modules.setdefault((test.tier, test.module), Tally())
+            setattr(tally, test.outcome, getattr(tally, test.outcome) + 1)
+            tally.seconds += test.seconds
+        ranked = sorted(modules.items(), key=lambda kv: -kv[1].seconds)
+        return [
+            f"== module {module} ({tier}) - {t.passed + t.failed + t.skipped} tests; "
+            f"{t.seconds:.0f} s"
+            for (tier, module), t in ranked
+        ]
+
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
-        for line in self.lines():
+        for line in [*self.lines(), *self.module_lines()]:
             terminalreporter.write_line(line)
 
 

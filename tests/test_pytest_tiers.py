@@ -52,6 +52,14 @@ def test_one_line_per_tier_with_its_counts(pytester: pytest.Pytester) -> None:
         "== tier cluster - 1 passed, 1 failed, 0 skipped",
     ]
     assert all(line.endswith(" s") for line in lines)
+    # One line per module of the tiers other than unit; the tests here share one module.
+    modules = [line for line in result.outlines if line.startswith("== module ")]
+    assert sorted(line.split(";")[0] for line in modules) == [
+        "== module test_one_line_per_tier_with_its_counts.py (cluster) - 2 tests",
+        "== module test_one_line_per_tier_with_its_counts.py (vllm) - 1 tests",
+    ], modules
+    seconds = [float(line.rsplit(";", 1)[1].removesuffix(" s")) for line in modules]
+    assert seconds == sorted(seconds, reverse=True), modules  # the slowest first
 
 
 @pytest.mark.parametrize(
