@@ -30,7 +30,7 @@ import pytest
 import yaml
 
 from devenv.cluster.cluster import ClusterHandle, down, up
-from devenv.cluster.settings import Settings, default_pod_cidr
+from devenv.cluster.settings import PRIVATE, Settings, default_pod_cidr
 from e2e.operator_fixtures import REPO
 
 CHART = REPO / "charts" / "vllm-operator"
@@ -114,7 +114,7 @@ def private_settings(state_dir: Path) -> Settings:
         controller_manager_port=base.controller_manager_port + PORT_OFFSET,
         scheduler_port=base.scheduler_port + PORT_OFFSET,
         kwok_port=base.kwok_port + PORT_OFFSET,
-        pod_cidr=default_pod_cidr(second=True),
+        pod_cidr=default_pod_cidr(PRIVATE),
         # One machine has room for one real node (its address, bridge and routes): the
         # shared cluster's.
         real_node=False,

@@ -52,12 +52,16 @@ _reports = pytest.StashKey[dict[str, pytest.TestReport]]()
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test under e2e/ is a cluster test, whether or not its module says so. First,
-    before pytest's own hook deselects by marker: `make test-e2e` selects `-m cluster`."""
+    """Every test under e2e/ is a cluster test, whether or not its module says so, and one
+    that asks for the real node's images (every real-node fixture does) is a ``real_node``
+    test: `make test` runs the others on the side cluster, at the same time. First, before
+    pytest's own hook deselects by marker: `make test-e2e` selects `-m cluster`."""
     here = Path(__file__).parent
     for item in items:
         if here in Path(str(item.path)).parents:
             item.add_marker(pytest.mark.cluster)
+            if "real_images" in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.real_node)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

@@ -43,4 +43,3 @@ def render() -> str:
         lines.append(f"  resource.customizations.health.{GROUP}_{kind}: |\n")
         lines.append(_block(script, "    "))
     return "".join(lines)
-

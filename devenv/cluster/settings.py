@@ -21,21 +21,33 @@ STAGES_FILE = HERE / "kwok-stages.yaml"
 
 
 # The fake pods' addresses. As root: ranges reserved for test networks, apart from the
-# real node's (node.TEST_NET's lower half), made local on `lo` by the cluster for as long
-# as it runs (cluster.py): a real local process can listen on a pod's IP, nothing sent
-# to one leaves the machine, and, unlike loopback addresses, Endpoints and EndpointSlices
-# take them, so a Service of fake pods gets endpoints as in a real cluster (with loopback
-# ones the endpoint controllers retried with 422s for as long as the pods lived). The
-# second range is for a second cluster beside the first (e2e/chart_fixtures.py). Without
-# root no route can be added: loopback ranges then, and Services of fake pods have no
-# endpoints.
-FAKE_POD_CIDRS = ("198.19.0.0/17", "198.19.128.0/17")
-LOOPBACK_POD_CIDRS = ("127.64.0.0/16", "127.65.0.0/16")
+# real node's (node.TEST_NET's lower half and its Services), made local on `lo` by the
+# cluster for as long as it runs (cluster.py): a real local process can listen on a pod's
+# IP, nothing sent to one leaves the machine, and, unlike loopback addresses, Endpoints
+# and EndpointSlices take them, so a Service of fake pods gets endpoints as in a real
+# cluster (with loopback ones the endpoint controllers retried with 422s for as long as
+# the pods lived). One range per cluster that may run at once: the shared cluster's, a
+# private control plane's beside it (e2e/chart_fixtures.py), and the side cluster's
+# (SIDE_SLOT). Without root no route can be added: loopback ranges then, and Services of
+# fake pods have no endpoints.
+FAKE_POD_CIDRS = ("198.19.0.0/17", "198.19.128.0/17", "198.18.192.0/18")
+LOOPBACK_POD_CIDRS = ("127.64.0.0/16", "127.65.0.0/16", "127.66.0.0/16")
+SHARED, PRIVATE, SIDE = 0, 1, 2
+
+# VLLM_OP_CLUSTER_SLOT=1: the side cluster, a second shared cluster beside the first.
+# `make test` runs the cluster tests that need no real node on it while the first runs
+# those that do. Its default ports are the first's plus SLOT_PORT_STEP (a private control
+# plane's +5000 on top stays below 32768, out of Linux's ephemeral range), its state
+# folder is .cluster-1/, its fake pods take the SIDE range, and it has no real node: one
+# machine has room for one (its address, bridge and routes).
+SIDE_SLOT = 1
+SLOT_PORT_STEP = 1000
 
 
-def default_pod_cidr(second: bool = False) -> str:
-    """The fake pods' range of the first cluster (or of a second beside it)."""
-    return (FAKE_POD_CIDRS if os.geteuid() == 0 else LOOPBACK_POD_CIDRS)[int(second)]
+def default_pod_cidr(which: int = SHARED) -> str:
+    """The fake pods' range of the shared cluster, of a private one beside it, or of the
+    side cluster (SHARED, PRIVATE, SIDE)."""
+    return (FAKE_POD_CIDRS if os.geteuid() == 0 else LOOPBACK_POD_CIDRS)[which]
 
 
 def _env_int(name: str, default: int) -> int:
@@ -74,22 +86,31 @@ class Settings:
 
     @classmethod
     def from_env(cls) -> Settings:
+        slot = _env_int("VLLM_OP_CLUSTER_SLOT", 0)
+        if slot not in (0, SIDE_SLOT):
+            raise ClusterError(
+                f"VLLM_OP_CLUSTER_SLOT {slot} is not 0 (the shared cluster) or "
+                f"{SIDE_SLOT} (the side cluster beside it)"
+            )
+        step = SLOT_PORT_STEP * slot
+        folder = ".cluster" if slot == 0 else f".cluster-{slot}"
         return cls(
-            state_dir=Path(os.environ.get("VLLM_OP_CLUSTER_DIR") or REPO / ".cluster").resolve(),
-            etcd_port=_env_int("VLLM_OP_ETCD_PORT", 23790),
-            etcd_peer_port=_env_int("VLLM_OP_ETCD_PEER_PORT", 23800),
-            apiserver_port=_env_int("VLLM_OP_APISERVER_PORT", 26443),
-            controller_manager_port=_env_int("VLLM_OP_CONTROLLER_MANAGER_PORT", 20257),
-            scheduler_port=_env_int("VLLM_OP_SCHEDULER_PORT", 20259),
-            kwok_port=_env_int("VLLM_OP_KWOK_PORT", 20248),
-            pod_cidr=os.environ.get("VLLM_OP_POD_CIDR") or default_pod_cidr(),
+            state_dir=Path(os.environ.get("VLLM_OP_CLUSTER_DIR") or REPO / folder).resolve(),
+            etcd_port=_env_int("VLLM_OP_ETCD_PORT", 23790 + step),
+            etcd_peer_port=_env_int("VLLM_OP_ETCD_PEER_PORT", 23800 + step),
+            apiserver_port=_env_int("VLLM_OP_APISERVER_PORT", 26443 + step),
+            controller_manager_port=_env_int("VLLM_OP_CONTROLLER_MANAGER_PORT", 20257 + step),
+            scheduler_port=_env_int("VLLM_OP_SCHEDULER_PORT", 20259 + step),
+            kwok_port=_env_int("VLLM_OP_KWOK_PORT", 20248 + step),
+            pod_cidr=os.environ.get("VLLM_OP_POD_CIDR")
+            or default_pod_cidr(SIDE if slot else SHARED),
             service_cidr=os.environ.get("VLLM_OP_SERVICE_CIDR", real_node.SERVICE_CIDR),
             nodes_file=Path(
                 os.environ.get("VLLM_OP_CLUSTER_NODES") or fake_nodes.DEFAULT_NODES_FILE
             ),
             stages_file=Path(os.environ.get("VLLM_OP_KWOK_STAGES") or STAGES_FILE),
             timeout_s=float(os.environ.get("VLLM_OP_CLUSTER_TIMEOUT", "120")),
-            real_node=real_node.enabled(),
+            real_node=real_node.enabled() and slot == 0,
         )
 
     @property
