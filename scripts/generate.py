@@ -65,6 +65,11 @@ def _argocd() -> dict[str, str]:
     return {"argocd-cm-patch.yaml": text}
 
 
+def _argocd_layout() -> dict[str, str]:
+    files: dict[str, str] = _script("deploy/argocd/render_cm.py").layout()
+    return files
+
+
 def _chart_readme() -> dict[str, str]:
     files: dict[str, str] = _script("scripts/chart_readme.py").render()
     return files
@@ -75,19 +80,26 @@ def _chart_rbac() -> dict[str, str]:
     return files
 
 
-# (folder, glob of what it holds that is generated, renderer of {file name: text}). A
-# folder whose glob is set owns every file it matches: one the renderer no longer makes
-# is stale too.
+# (folder, glob of what it holds that is generated, renderer of {path in the folder:
+# text}). A folder whose glob is set owns every file it matches: one the renderer no
+# longer makes is stale too.
 TARGETS: tuple[tuple[str, str | None, Callable[[], dict[str, str]]], ...] = (
     ("crds", "*.yaml", _crds),
     ("charts/vllm-operator/files/crds", "*.yaml", _crds),
     ("docs", None, _reference),
     ("deploy/argocd", None, _argocd),
+    ("deploy/argocd/resource_customizations/inference.vllm-operator.dev", "*/health.lua",
+     _argocd_layout),  # fmt: skip
     ("deploy/agent", "*.yaml", _agent),
     ("tests/agent/fixtures", "*.yaml", _agent_fixtures),
     ("charts/vllm-operator", None, _chart_readme),
     ("charts/vllm-operator/templates", None, _chart_rbac),
 )
+
+
+def _owned(folder: Path, glob: str) -> list[str]:
+    """The paths in ``folder`` (relative, with /) that ``glob`` matches."""
+    return [p.relative_to(folder).as_posix() for p in sorted(folder.glob(glob))]
 
 
 def stale(repo: Path = REPO) -> list[str]:
@@ -101,9 +113,9 @@ def stale(repo: Path = REPO) -> list[str]:
                 found.append(f"{folder}/{name}")
         if owned:
             found += [
-                f"{folder}/{p.name}"
-                for p in sorted((repo / folder).glob(owned))
-                if p.name not in files
+                f"{folder}/{name}"
+                for name in _owned(repo / folder, owned)
+                if name not in files
             ]
     return found
 
@@ -115,12 +127,13 @@ def write(repo: Path = REPO) -> list[str]:
         out = repo / folder
         out.mkdir(parents=True, exist_ok=True)
         if owned:
-            for extra in out.glob(owned):
-                if extra.name not in files:
-                    extra.unlink()
+            for name in _owned(out, owned):
+                if name not in files:
+                    (out / name).unlink()
         for name, text in files.items():
             path = out / name
             if not path.is_file() or path.read_text() != text:
+                path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(text)
                 written.append(f"{folder}/{name}")
     return written

@@ -10,6 +10,12 @@ and reads only its generic conditions and Ready).
 
 The InferenceService snapshots are computed by the operator's own ``compute_status``, so
 they are the statuses the operator really writes.
+
+The same snapshots are the cases of Argo CD's layout of built-in checks
+(deploy/argocd/resource_customizations/<group>/<Kind>/: health.lua, health_test.yaml,
+testdata/), golden files here (UPDATE_GOLDEN=1 rewrites them), run as Argo CD's own test
+runner reads them: each case's input through the kind's health.lua, its status and
+message compared.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
+import os
+import re
 import subprocess
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -25,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from lupa import lua51
 
 from tests.specs import isvc, plan_for
@@ -34,6 +43,7 @@ from vllm_operator.reconcile.status import Observed, Problem, compute_status
 
 REPO = Path(__file__).resolve().parents[1]
 HEALTH = REPO / "deploy" / "argocd" / "health"
+LAYOUT = REPO / "deploy" / "argocd" / "resource_customizations" / "inference.vllm-operator.dev"
 
 
 def _scripts() -> dict[str, str]:
@@ -687,3 +697,76 @@ def test_a_broken_script_would_fail_these_tests() -> None:
     assert result["status"] == "Healthy"
     with pytest.raises(Exception, match="attempt to index"):
         runtime.execute("return obj.status.conditions")
+
+
+# --------------------------------------------------------------------------- Argo CD's layout
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def _argo_cases() -> dict[str, str]:
+    """Path under LAYOUT → text: each kind's health_test.yaml (Argo CD's format: a list of
+    ``healthStatus`` and ``inputPath``) and its testdata/, from SNAPSHOTS and what the
+    kind's script says of each (its status checked against the snapshot's first)."""
+    files: dict[str, str] = {}
+    tests: dict[str, list[dict[str, Any]]] = {}
+    for name, snap in SNAPSHOTS.items():
+        status, message = argo_health(snap.kind, snap.obj)
+        assert status == snap.argo, (name, message)
+        path = f"testdata/{_slug(name)}.yaml"
+        files[f"{snap.kind}/{path}"] = yaml.safe_dump(snap.obj, sort_keys=False)
+        tests.setdefault(snap.kind, []).append(
+            {"healthStatus": {"status": status, "message": message}, "inputPath": path}
+        )
+    for kind, cases in tests.items():
+        files[f"{kind}/health_test.yaml"] = yaml.safe_dump({"tests": cases}, sort_keys=False)
+    return files
+
+
+def _layout_files() -> dict[str, str]:
+    return {
+        p.relative_to(LAYOUT).as_posix(): p.read_text()
+        for p in sorted(LAYOUT.glob("*/*.yaml")) + sorted(LAYOUT.glob("*/testdata/*.yaml"))
+    }
+
+
+def test_argo_cds_test_files_are_the_snapshots() -> None:
+    want = _argo_cases()
+    if os.environ.get("UPDATE_GOLDEN"):
+        for name in set(_layout_files()) - set(want):
+            (LAYOUT / name).unlink()
+        for name, text in want.items():
+            (LAYOUT / name).parent.mkdir(parents=True, exist_ok=True)
+            (LAYOUT / name).write_text(text)
+    got = _layout_files()
+    assert sorted(got) == sorted(want), "run with UPDATE_GOLDEN=1 and review the diff"
+    for name, text in want.items():
+        assert got[name] == text, f"{name} is stale: run with UPDATE_GOLDEN=1"
+
+
+def test_every_kind_has_argo_cds_layout() -> None:
+    assert sorted(p.name for p in LAYOUT.iterdir()) == sorted(SCRIPTS)
+    for kind in SCRIPTS:
+        assert {p.name for p in (LAYOUT / kind).iterdir()} == {
+            "health.lua",
+            "health_test.yaml",
+            "testdata",
+        }, kind
+
+
+@pytest.mark.parametrize("kind", sorted(SCRIPTS))
+def test_the_layout_passes_as_argo_cds_test_runner_reads_it(kind: str) -> None:
+    """What Argo CD's runner does with a health_test.yaml: every case's input through the
+    folder's own health.lua (in the argocd-cm sandbox here: stricter than the built-in
+    one), its status and message as the file says."""
+    folder = LAYOUT / kind
+    script = (folder / "health.lua").read_text()
+    cases = yaml.safe_load((folder / "health_test.yaml").read_text())["tests"]
+    assert cases
+    for case in cases:
+        obj = yaml.safe_load((folder / case["inputPath"]).read_text())
+        result = _sandboxed(obj).execute(script)
+        got = {"status": str(result["status"]), "message": str(result["message"])}
+        assert got == case["healthStatus"], case["inputPath"]

@@ -33,11 +33,19 @@ def test_the_check_names_stale_missing_and_extra_files_and_writing_mends_them(
     victim = next((tmp_path / "crds").glob("*.yaml"))
     victim.unlink()
     (tmp_path / "charts/vllm-operator/files/crds/old.example.dev.yaml").write_text("x: 1\n")
+    # The Argo CD layout's folders, one per kind: a kind's removed script and a script of
+    # a kind that is gone, one folder down.
+    argo = tmp_path / "deploy/argocd/resource_customizations/inference.vllm-operator.dev"
+    (argo / "GPUNode" / "health.lua").unlink()
+    (argo / "OldKind").mkdir()
+    (argo / "OldKind" / "health.lua").write_text("return {}\n")
     assert sorted(gen.stale(tmp_path)) == sorted(
         [
             "docs/reference.md",
             f"crds/{victim.name}",
             "charts/vllm-operator/files/crds/old.example.dev.yaml",
+            f"{argo.relative_to(tmp_path)}/GPUNode/health.lua",
+            f"{argo.relative_to(tmp_path)}/OldKind/health.lua",
         ]
     )
     assert gen.main(["--check", "--repo", str(tmp_path)]) == 1
