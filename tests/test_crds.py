@@ -176,3 +176,83 @@ def test_a_folder_it_cannot_use_is_one_line(
     captured = capsys.readouterr()
     assert captured.err == f"vllm-operator crds: {said.format(tmp=tmp_path)}\n"
     assert captured.out == ""
+
+
+# --------------------------------------------------------------------------- conditions
+
+# The kubebuilder markers metav1.Condition carries and the OpenAPI keys they become.
+_MARKERS = {
+    "Pattern": "pattern",
+    "MaxLength": "maxLength",
+    "MinLength": "minLength",
+    "Minimum": "minimum",
+    "Enum": "enum",
+    "Format": "format",
+}
+
+
+def _metav1_condition() -> tuple[dict[str, dict[str, Any]], set[str]]:
+    """metav1.Condition's fields as its own source declares them (the kubebuilder markers
+    in k8s.io/apimachinery's pkg/apis/meta/v1/types.go, the version tests/kstatus pins,
+    from the Go module proxy), and which of them are required."""
+    proc = subprocess.run(
+        ["go", "mod", "download", "-json", "k8s.io/apimachinery"],
+        cwd=REPO / "tests" / "kstatus",
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    source = Path(json.loads(proc.stdout)["Dir"]) / "pkg/apis/meta/v1/types.go"
+    body = source.read_text().split("\ntype Condition struct {\n", 1)[1].split("\n}\n", 1)[0]
+    fields: dict[str, dict[str, Any]] = {}
+    required: set[str] = set()
+    markers: dict[str, Any] = {}
+    is_required = False
+    for line in (raw.strip() for raw in body.splitlines()):
+        if line.startswith("// +kubebuilder:validation:"):
+            key, _, value = line.removeprefix("// +kubebuilder:validation:").partition("=")
+            if key == "Required":
+                is_required = True
+            elif key == "Enum":
+                markers["enum"] = value.split(";")
+            elif key in ("MaxLength", "MinLength", "Minimum"):
+                markers[_MARKERS[key]] = int(value)
+            elif key in _MARKERS:
+                markers[_MARKERS[key]] = value.strip("`")
+            elif key == "Type":
+                markers["type"] = value
+        elif line and not line.startswith("//"):
+            _, go_type, tag = line.split(None, 2)
+            name = tag.split('json:"', 1)[1].split(",", 1)[0].split('"', 1)[0]
+            if go_type == "int64":
+                markers.update(type="integer", format="int64")
+            markers.setdefault("type", "string")
+            fields[name] = markers
+            if is_required:
+                required.add(name)
+            markers, is_required = {}, False
+    return fields, required
+
+
+@pytest.mark.parametrize("kind", sorted(CRDS))
+def test_status_conditions_are_metav1_conditions_in_a_list_keyed_by_type(kind: str) -> None:
+    want, required = _metav1_condition()
+    assert set(want) == {
+        "type",
+        "status",
+        "observedGeneration",
+        "lastTransitionTime",
+        "reason",
+        "message",
+    }
+    assert want["reason"]["minLength"] == 1 and "pattern" in want["type"]  # the parse worked
+    conditions = _schema(kind)["properties"]["status"]["properties"]["conditions"]
+    assert conditions["x-kubernetes-list-type"] == "map"
+    assert conditions["x-kubernetes-list-map-keys"] == ["type"]
+    items = conditions["items"]
+    assert set(items["required"]) == required
+    for name, rules in want.items():
+        got = {k: v for k, v in items["properties"][name].items() if k != "description"}
+        assert got == rules, name

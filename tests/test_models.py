@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
@@ -11,7 +12,8 @@ from pydantic import BaseModel, ValidationError
 
 from tests.catalog import invalid_cases, valid_bases
 from vllm_operator.models import GPUNode, InferenceBenchmark, InferenceService, InferenceTuning
-from vllm_operator.models.base import ApiModel
+from vllm_operator.models.base import CONDITION_MESSAGE_MAX, ApiModel, Condition
+from vllm_operator.models.conditions import CLIPPED, condition
 
 KINDS: dict[str, type[ApiModel]] = {
     "InferenceService": InferenceService,
@@ -140,3 +142,18 @@ class _Spec(BaseModel):
     count: int | Literal["auto"]
     items: list[_Item]
     size: int
+
+
+def test_a_condition_message_past_metav1s_limit_is_cut_and_marked() -> None:
+    now = datetime(2026, 12, 7, tzinfo=UTC)
+    long = "x" * (CONDITION_MESSAGE_MAX + 10)
+    made = condition("Ready", False, "Failed", long, now=now, generation=1)
+    assert len(made.message) == CONDITION_MESSAGE_MAX and made.message.endswith(CLIPPED)
+    exact = "y" * CONDITION_MESSAGE_MAX
+    assert condition("Ready", False, "Failed", exact, now=now, generation=1).message == exact
+    # The model itself holds metav1.Condition's limits: what the apiserver would refuse.
+    for bad in ({"reason": ""}, {"reason": "Not one word"}, {"type": "no spaces allowed"}):
+        fields = {"type": "Ready", "status": "True", "reason": "Ok", "message": "",
+                  "lastTransitionTime": now, **bad}  # fmt: skip
+        with pytest.raises(ValueError, match="String should"):
+            Condition.model_validate(fields)

@@ -14,9 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
-from vllm_operator.models.base import Condition, ConditionStatus, Manifest
+from vllm_operator.models.base import (
+    CONDITION_MESSAGE_MAX,
+    Condition,
+    ConditionStatus,
+    Manifest,
+)
 
 
 def condition(
@@ -30,7 +35,9 @@ def condition(
     previous: Iterable[Condition] = (),
 ) -> Condition:
     """A condition; its transition time is kept from ``previous`` when the status is the
-    same, so a status computed again and again does not look like a change."""
+    same, so a status computed again and again does not look like a change. A message
+    longer than metav1.Condition allows (32 KiB) is cut, marked at its end, so that a long
+    error (an apiserver's, a Job's log) never makes the status write itself fail."""
     value: ConditionStatus = ("True" if status else "False") if isinstance(status, bool) else status
     old = find(previous, type_)
     since = old.last_transition_time if old is not None and old.status == value else now
@@ -38,10 +45,20 @@ def condition(
         type=type_,
         status=value,
         reason=reason,
-        message=message,
+        message=clip_message(message),
         last_transition_time=since,
         observed_generation=generation,
     )
+
+
+CLIPPED: Final = " [cut]"
+
+
+def clip_message(message: str) -> str:
+    """``message`` within metav1.Condition's limit, its end marked when cut."""
+    if len(message) <= CONDITION_MESSAGE_MAX:
+        return message
+    return message[: CONDITION_MESSAGE_MAX - len(CLIPPED)] + CLIPPED
 
 
 def find(conditions: Iterable[Condition], type_: str) -> Condition | None:

@@ -12,7 +12,7 @@ from typing import Literal, Self
 
 from pydantic import Field, model_validator
 
-from vllm_operator.models.base import ApiModel, Condition, cel_rules
+from vllm_operator.models.base import CONDITIONS_LIST, ApiModel, Condition, cel_rules
 from vllm_operator.models.inference_service import ObjectMeta
 
 PowerPolicy = Literal["Unmanaged", "Default", "Max", "Watts"]
@@ -169,6 +169,7 @@ class GPUNodeStatus(ApiModel):
     conditions: list[Condition] = Field(
         default_factory=list,
         description="Ready, PowerCapped, LinkDegraded, ClocksThrottled, PowerPolicyApplied.",
+        json_schema_extra=CONDITIONS_LIST,
     )
     driver_version: str | None = Field(default=None, description="NVIDIA driver version.")
     cuda_version: str | None = Field(default=None, description="CUDA version the driver has.")

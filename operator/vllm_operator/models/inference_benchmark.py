@@ -13,6 +13,7 @@ from pydantic import Field, model_validator
 
 from vllm_operator.models.base import (
     ADAPTER_NAME_PATTERN,
+    CONDITIONS_LIST,
     ApiModel,
     Condition,
     ConfigMapKeyReference,
@@ -583,7 +584,11 @@ class InferenceBenchmarkStatus(ApiModel):
 
     observed_generation: int | None = Field(default=None, description="Generation observed.")
     phase: BenchmarkPhase | None = Field(default=None, description="Lifecycle phase.")
-    conditions: list[Condition] = Field(default_factory=list, description="Ready, Running, Failed.")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Ready, Running, Failed.",
+        json_schema_extra=CONDITIONS_LIST,
+    )
     start_time: datetime | None = Field(default=None, description="When load started.")
     completion_time: datetime | None = Field(default=None, description="When it ended.")
     levels: list[LevelResult] = Field(default_factory=list, description="Per load level.")

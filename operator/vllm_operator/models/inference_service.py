@@ -17,6 +17,7 @@ from pydantic import ConfigDict, Field, WithJsonSchema, field_validator, model_v
 from vllm_operator.constants import OWN_MOUNTS, OWN_RESOURCES, OWN_VOLUMES
 from vllm_operator.models.base import (
     ADAPTER_NAME_PATTERN,
+    CONDITIONS_LIST,
     DNS_LABEL_PATTERN,
     ApiModel,
     Condition,
@@ -1153,6 +1154,7 @@ class InferenceServiceStatus(ApiModel):
         default_factory=list,
         description="Ready, Reconciling, Stalled, WarmedUp, ScaleDownBlocked, AdaptersLoaded, "
         "Tuned.",
+        json_schema_extra=CONDITIONS_LIST,
     )
     replicas: int | None = Field(default=None, description="Pods that exist (scale subresource).")
     desired_replicas: int | None = Field(default=None, description="Replicas asked for.")

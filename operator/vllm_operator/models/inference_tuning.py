@@ -22,7 +22,13 @@ from typing import Annotated, Final, Literal, Self
 
 from pydantic import Field, model_validator
 
-from vllm_operator.models.base import ApiModel, Condition, LocalObjectReference, cel_rules
+from vllm_operator.models.base import (
+    CONDITIONS_LIST,
+    ApiModel,
+    Condition,
+    LocalObjectReference,
+    cel_rules,
+)
 from vllm_operator.models.inference_benchmark import (
     ArrivalSpec,
     BenchmarkWorkload,
@@ -339,7 +345,9 @@ class InferenceTuningStatus(ApiModel):
     observed_generation: int | None = Field(default=None, description="Generation observed.")
     phase: TuningPhase | None = Field(default=None, description="Lifecycle phase.")
     conditions: list[Condition] = Field(
-        default_factory=list, description="Ready, Reconciling, Stalled, Running, Stale."
+        default_factory=list,
+        description="Ready, Reconciling, Stalled, Running, Stale.",
+        json_schema_extra=CONDITIONS_LIST,
     )
     start_time: datetime | None = Field(default=None, description="When the first trial started.")
     completion_time: datetime | None = Field(default=None, description="When the run ended.")

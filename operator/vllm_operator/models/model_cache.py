@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import Field
 
 from vllm_operator.models.base import (
+    CONDITIONS_LIST,
     ApiModel,
     Condition,
     SecretKeyReference,
@@ -149,7 +150,9 @@ class ModelCacheStatus(ApiModel):
         "change), Deleting (waiting for its services to go).",
     )
     conditions: list[Condition] = Field(
-        default_factory=list, description="Ready, Reconciling, Stalled."
+        default_factory=list,
+        description="Ready, Reconciling, Stalled.",
+        json_schema_extra=CONDITIONS_LIST,
     )
     claim_name: str | None = Field(default=None, description="The claim holding the weights.")
     path: str | None = Field(
