@@ -9,6 +9,7 @@ promtool comes from Debian's prometheus package (scripts/promtool.sh; `make test
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -18,6 +19,8 @@ import yaml
 
 from devenv.ci import skip_or_fail
 from tests.test_chart import render
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _promtool() -> str:
@@ -206,3 +209,50 @@ def test_each_rule_fires_on_its_series_and_not_beside_them(tmp_path: Path) -> No
     assert tested == set(_alerts(_rules())), "every alert has a case"
     proc = _run("test", "rules", str(tests))
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _github_anchors(markdown: str) -> set[str]:
+    """The anchors a source host (GitHub's rule) gives the headings of ``markdown``:
+    lower case, every character but letters, digits, spaces, hyphens and underscores
+    dropped, spaces turned into hyphens."""
+    anchors = set()
+    for line in markdown.splitlines():
+        if line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            anchors.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return anchors
+
+
+# What each alert's section of docs/troubleshooting.md is about, in its heading.
+SECTION_WORDS = {
+    "InferenceServiceNotReady": "`Ready=False`",
+    "InferenceServiceStalled": "`Stalled=True`",
+    "InferenceServiceWarmupFailed": "`WarmedUp`",
+    "VllmOperatorReconcileErrors": "The operator itself",
+    "VllmOperatorAbsent": "The operator itself",
+    "VllmKVCacheFull": "`VllmKVCacheFull`",
+    "VllmRequestsWaiting": "`VllmRequestsWaiting`",
+    "VllmTTFTBudgetBurn": "`VllmTTFTBudgetBurn`",
+    "GPUNodeDegraded": "GPUNode",
+}
+
+
+def test_each_alert_points_at_its_section_of_the_troubleshooting_guide() -> None:
+    base = "https://docs.example.com/vllm-operator/troubleshooting"
+    every = [r for g in _rules({"alerts.runbookURL": base})["groups"] for r in g["rules"]]
+    assert len(every) == 9
+    anchors = _github_anchors((REPO / "docs" / "troubleshooting.md").read_text())
+    for rule in every:
+        url = rule["annotations"]["runbook_url"]
+        page, _, anchor = url.partition("#")
+        assert page == base and anchor in anchors, (rule["alert"], url)
+        section = next(
+            line
+            for line in (REPO / "docs" / "troubleshooting.md").read_text().splitlines()
+            if line.startswith("## ") and _github_anchors(line) == {anchor}
+        )
+        assert SECTION_WORDS[rule["alert"]] in section, (rule["alert"], section)
+    # Without the value, no rule carries a runbook_url (there is no address to point at).
+    assert not [
+        r for g in _rules()["groups"] for r in g["rules"] if "runbook_url" in r["annotations"]
+    ]
