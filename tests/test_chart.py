@@ -281,6 +281,16 @@ def test_the_agent_is_off_by_default_and_takes_its_own_image_and_namespace() -> 
     ] == want
 
 
+def test_the_agent_namespace_is_left_to_its_owner_when_asked() -> None:
+    """agent.createNamespace=false: the agent's objects go into a namespace that exists;
+    the chart creates none (Helm's convention), and nothing else of the agent changes."""
+    made = render({"agent.enabled": "true"})
+    left = render({"agent.enabled": "true", "agent.createNamespace": "false"})
+    assert [d["metadata"]["name"] for d in of_kind(made, "Namespace")] == ["vllm-operator-agent"]
+    assert of_kind(left, "Namespace") == []
+    assert left == [d for d in made if d["kind"] != "Namespace"]
+
+
 # --------------------------------------------------------------------------- RBAC
 
 # What the operator does, request by request (k8s/client.py, reconcile/, handlers/; a
