@@ -192,12 +192,16 @@ CONDITION_TYPE_PATTERN = (
 )
 CONDITION_REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
 CONDITION_MESSAGE_MAX = 32768
-# status.conditions: a list keyed by type (server-side apply merges it per condition, so
-# two writers' conditions do not replace each other's), as metav1.Condition lists are.
-CONDITIONS_LIST: Final[JsonDict] = {
-    "x-kubernetes-list-type": "map",
-    "x-kubernetes-list-map-keys": ["type"],
-}
+
+
+def map_list(key: str) -> JsonDict:
+    """The schema extension of a list keyed by its items' ``key``: server-side apply
+    merges it item by item, so two writers' items do not replace each other's."""
+    return {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": [key]}
+
+
+# status.conditions: keyed by type, as metav1.Condition lists are.
+CONDITIONS_LIST: Final[JsonDict] = map_list("type")
 
 
 class Condition(ApiModel):

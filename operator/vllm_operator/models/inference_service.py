@@ -29,6 +29,7 @@ from vllm_operator.models.base import (
     SecretKeyReference,
     SizeOrAuto,
     cel_rules,
+    map_list,
     to_camel,
 )
 from vllm_operator.models.workload import SLO, Workload
@@ -662,7 +663,7 @@ class PodTemplateOverlay(ApiModel):
         description="Extra environment variables, each name once.",
         # A list keyed by name: the apiserver refuses a name given twice at admission (the
         # Deployment's own validation would refuse it later, on every reconcile).
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+        json_schema_extra=map_list("name"),
     )
     priority_class_name: str | None = Field(
         default=None, max_length=253, description="PriorityClass of the pods."
@@ -870,7 +871,7 @@ class InferenceServiceSpec(ApiModel):
         "operator loads them into every running server through vLLM's adapter API: adding, "
         "changing or removing one restarts no pod (the first one, or removing the last, "
         "does once: vLLM turns LoRA on only at start).",
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+        json_schema_extra=map_list("name"),
     )
 
     model_config = cel_rules(

@@ -28,6 +28,7 @@ from vllm_operator.models.base import (
     Condition,
     LocalObjectReference,
     cel_rules,
+    map_list,
 )
 from vllm_operator.models.inference_benchmark import (
     ArrivalSpec,
@@ -223,7 +224,7 @@ class InferenceTuningSpec(ApiModel):
         max_length=32,
         description="The candidates to measure, in order of preference. Empty: the tuner's "
         "candidate space around the target's plan, ordered by predicted goodput.",
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+        json_schema_extra=map_list("name"),
     )
     include_defaults: bool = Field(
         default=True,
