@@ -18,11 +18,13 @@ tests/vllm/ holds unit tests.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Hashable, Iterable
+from typing import TypeVar
 
 import pytest
 
 TIERS = ("unit", "vllm", "cluster", "timing")
+K = TypeVar("K", bound=Hashable)
 
 
 def tier_of(markers: Iterable[str]) -> str:
@@ -68,12 +70,20 @@ class TierSummary:
         elif report.skipped and test.outcome != "failed":
             test.outcome = "skipped"
 
-    def tallies(self) -> dict[str, Tally]:
-        out: dict[str, Tally] = {}
+    def _tally_by(self, key: Callable[[_Test], K | None]) -> dict[K, Tally]:
+        """The tests counted and their seconds added up per ``key`` (None: left out)."""
+        out: dict[K, Tally] = {}
         for test in self.tests.values():
-            tally = out.setdefault(test.tier, Tally())
+            group = key(test)
+            if group is None:
+                continue
+            tally = out.setdefault(group, Tally())
             setattr(tally, test.outcome, getattr(tally, test.outcome) + 1)
             tally.seconds += test.seconds
+        return out
+
+    def tallies(self) -> dict[str, Tally]:
+        out = self._tally_by(lambda test: test.tier)
         return {tier: out[tier] for tier in TIERS if tier in out}
 
     def lines(self) -> list[str]:
@@ -84,13 +94,9 @@ class TierSummary:
         ]
 
     def module_lines(self) -> list[str]:
-        modules: dict[tuple[str, str], Tally] = {}
-        for test in self.tests.values():
-            if test.tier == "unit" or not test.module:
-                continue
-            tally = modules.setdefault((test.tier, test.module), Tally())
-            setattr(tally, test.outcome, getattr(tally, test.outcome) + 1)
-            tally.seconds += test.seconds
+        modules = self._tally_by(
+            lambda test: (test.tier, test.module) if test.tier != "unit" and test.module else None
+        )
         ranked = sorted(modules.items(), key=lambda kv: -kv[1].seconds)
         return [
             f"== module {module} ({tier}) - {t.passed + t.failed + t.skipped} tests; "
