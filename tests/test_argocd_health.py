@@ -43,20 +43,21 @@ from vllm_operator.reconcile.status import Observed, Problem, compute_status
 
 REPO = Path(__file__).resolve().parents[1]
 HEALTH = REPO / "deploy" / "argocd" / "health"
-LAYOUT = REPO / "deploy" / "argocd" / "resource_customizations" / "inference.vllm-operator.dev"
 
 
-def _scripts() -> dict[str, str]:
-    """Kind → its script's file name in health/, as deploy/argocd/render_cm.py installs
-    them."""
+def _render_cm() -> Any:
+    """deploy/argocd/render_cm.py, which installs the scripts: its SCRIPTS (kind → file
+    name in health/) and LAYOUT (Argo CD's folder of built-in checks for our group)."""
     spec = importlib.util.spec_from_file_location("render_cm", HEALTH.parent / "render_cm.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return dict(module.SCRIPTS)
+    return module
 
 
-SCRIPTS = _scripts()
+_RENDER_CM = _render_cm()
+SCRIPTS: dict[str, str] = dict(_RENDER_CM.SCRIPTS)
+LAYOUT: Path = _RENDER_CM.LAYOUT
 GROUP = "inference.vllm-operator.dev/v1alpha1"
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 TO_KSTATUS = {"Healthy": "Current", "Progressing": "InProgress", "Degraded": "Failed"}
